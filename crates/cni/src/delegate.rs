@@ -1,0 +1,149 @@
+//! Delegation: find a plugin by `type` in `CNI_PATH` and run it (no shell), as libcni
+//! `pkg/invoke` does. The delegate inherits this process's environment with the `CNI_*`
+//! variables replaced by the ones given.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
+
+use serde_json::Value;
+
+use crate::env::{CniEnv, Command};
+use crate::error::{Error, code};
+use crate::result::CniResult;
+
+/// How much of a failed delegate's unstructured output an error repeats.
+const OUTPUT_EXCERPT: usize = 2048;
+
+/// The executable for plugin `plugin_type` in the directories of `CNI_PATH`.
+pub fn find_plugin(plugin_type: &str, cni_path: &[PathBuf]) -> Result<PathBuf, Error> {
+    if plugin_type.is_empty() || plugin_type == "." || plugin_type == ".." || plugin_type.contains('/') {
+        return Err(Error::invalid_config(format!("invalid plugin type {plugin_type:?}"))
+            .with_details("a plugin type is a file name in CNI_PATH, without '/'"));
+    }
+    cni_path
+        .iter()
+        .map(|dir| dir.join(plugin_type))
+        .find(|p| is_executable_file(p))
+        .ok_or_else(|| {
+            let dirs: Vec<String> = cni_path.iter().map(|d| d.display().to_string()).collect();
+            Error::new(code::DELEGATE_NOT_FOUND, format!("failed to find plugin {plugin_type:?} in path [{}]", dirs.join(" ")))
+                .with_details("CNI_PATH lists the directories searched; install the plugin there or fix \"type\"")
+        })
+}
+
+fn is_executable_file(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Run `plugin_type` for `command` with `config` on stdin and `env` as its CNI environment.
+/// ADD returns the delegate's result (in whatever version it printed); the other verbs `None`.
+pub fn exec(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Option<CniResult>, Error> {
+    let binary = find_plugin(plugin_type, &env.path)?;
+    let stdin = serde_json::to_vec(config).map_err(|e| Error::internal(format!("encoding delegate config: {e}")))?;
+    tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
+    let out = run(&binary, command, env, &stdin)
+        .map_err(|e| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}")))?;
+    if !out.status.success() {
+        let err = delegate_error(plugin_type, &out);
+        tracing::debug!(plugin = plugin_type, %command, code = err.code, "delegate failed: {err}");
+        return Err(err);
+    }
+    if command != Command::Add {
+        return Ok(None);
+    }
+    CniResult::parse(&out.stdout).map(Some).map_err(|e| {
+        Error::new(code::DELEGATE_FAILED, format!("plugin {plugin_type:?} returned an unreadable result: {}", e.msg))
+            .with_details(excerpt(&out.stdout))
+    })
+}
+
+fn run(binary: &Path, command: Command, env: &CniEnv, stdin: &[u8]) -> std::io::Result<std::process::Output> {
+    let mut cmd = Process::new(binary);
+    cmd.env("CNI_COMMAND", command.as_str())
+        .env("CNI_CONTAINERID", &env.container_id)
+        .env("CNI_IFNAME", &env.ifname)
+        .env("CNI_ARGS", env.args.to_env_string())
+        .env("CNI_PATH", std::env::join_paths(&env.path).map_err(std::io::Error::other)?)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match &env.netns {
+        Some(ns) => cmd.env("CNI_NETNS", ns),
+        None => cmd.env_remove("CNI_NETNS"),
+    };
+    let mut child = cmd.spawn()?;
+    let mut pipe = child.stdin.take().expect("stdin is piped");
+    let input = stdin.to_vec();
+    // Feed stdin from a thread so a delegate that writes before it reads cannot deadlock us.
+    let feeder = std::thread::spawn(move || {
+        let _ = pipe.write_all(&input);
+    });
+    let out = child.wait_with_output()?;
+    let _ = feeder.join();
+    Ok(out)
+}
+
+/// The delegate's own CNI error from stdout, else from stderr (libcni `pluginErr`), else ours.
+fn delegate_error(plugin_type: &str, out: &std::process::Output) -> Error {
+    for stream in [&out.stdout, &out.stderr] {
+        if let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(stream)
+            && doc.get("code").is_some_and(Value::is_u64)
+            && let Ok(e) = serde_json::from_value::<Error>(Value::Object(doc))
+        {
+            return e;
+        }
+    }
+    let how = match out.status.code() {
+        Some(c) => format!("exit status {c}"),
+        None => {
+            use std::os::unix::process::ExitStatusExt;
+            format!("killed by signal {}", out.status.signal().unwrap_or(0))
+        }
+    };
+    let said = if out.stderr.is_empty() { &out.stdout } else { &out.stderr };
+    let mut err = Error::new(code::DELEGATE_FAILED, format!("plugin {plugin_type:?} failed ({how}) without a CNI error"));
+    if !said.is_empty() {
+        err = err.with_details(excerpt(said));
+    }
+    err
+}
+
+fn excerpt(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim();
+    match text.char_indices().nth(OUTPUT_EXCERPT) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_types_that_are_paths_are_refused() {
+        for bad in ["", ".", "..", "../bin/sh", "/bin/sh", "a/b"] {
+            assert_eq!(find_plugin(bad, &[PathBuf::from("/usr/lib/cni")]).unwrap_err().code, code::INVALID_NETWORK_CONFIG);
+        }
+    }
+
+    #[test]
+    fn missing_plugin_error_names_plugin_and_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = find_plugin("nope", &[dir.path().to_path_buf(), "/x".into()]).unwrap_err();
+        assert_eq!(e.code, code::DELEGATE_NOT_FOUND);
+        assert_eq!(e.msg, format!("failed to find plugin \"nope\" in path [{} /x]", dir.path().display()));
+    }
+
+    #[test]
+    fn a_file_without_exec_bit_is_not_a_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p"), "#!/bin/sh\n").unwrap();
+        assert!(find_plugin("p", &[dir.path().to_path_buf()]).is_err());
+        std::fs::set_permissions(dir.path().join("p"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(find_plugin("p", &[dir.path().to_path_buf()]).unwrap(), dir.path().join("p"));
+    }
+}

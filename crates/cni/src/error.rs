@@ -1,0 +1,141 @@
+//! The CNI error: a code, a message and details, printed as JSON on stdout.
+//!
+//! Every CNI code plexus uses is defined in [`code`], once.
+
+use serde::{Deserialize, Serialize};
+
+use crate::version::SpecVersion;
+
+/// CNI error codes. 0–99 belong to the spec; 100 and up are plexus's own.
+pub mod code {
+    /// Incompatible CNI version.
+    pub const INCOMPATIBLE_CNI_VERSION: u32 = 1;
+    /// Unsupported field in network configuration.
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    /// Container unknown or does not exist (no cleanup needed).
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    /// Invalid necessary environment variables (CNI_COMMAND, CNI_IFNAME, ...).
+    pub const INVALID_ENVIRONMENT_VARIABLES: u32 = 4;
+    /// I/O failure (e.g. reading stdin).
+    pub const IO_FAILURE: u32 = 5;
+    /// Failed to decode content (bad JSON).
+    pub const DECODING_FAILURE: u32 = 6;
+    /// Invalid network config.
+    pub const INVALID_NETWORK_CONFIG: u32 = 7;
+    /// Invalid network namespace (libcni `ErrInvalidNetNS`; not in the spec text).
+    pub const INVALID_NETNS: u32 = 8;
+    /// Try again later: a transient condition (store or API unreachable).
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    /// STATUS: the plugin is not available.
+    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
+    /// STATUS: the plugin is not available, existing containers may be degraded.
+    pub const PLUGIN_NOT_AVAILABLE_DEGRADED: u32 = 51;
+
+    // plexus's own codes.
+    /// A delegate plugin named by `type` is not in `CNI_PATH`.
+    pub const DELEGATE_NOT_FOUND: u32 = 100;
+    /// A delegate plugin failed without a CNI error of its own, or printed something unreadable.
+    pub const DELEGATE_FAILED: u32 = 101;
+    /// A kernel operation (netlink, sysctl, namespace) failed.
+    pub const KERNEL: u32 = 102;
+
+    /// An unexpected internal failure (libcni `ErrInternal`).
+    pub const INTERNAL: u32 = 999;
+}
+
+/// A CNI error as the spec defines it: `{"cniVersion","code","msg","details"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{msg}{}", if details.is_empty() { String::new() } else { format!("; {details}") })]
+pub struct Error {
+    pub code: u32,
+    pub msg: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub details: String,
+}
+
+impl Error {
+    pub fn new(code: u32, msg: impl Into<String>) -> Self {
+        Error { code, msg: msg.into(), details: String::new() }
+    }
+
+    pub fn with_details(mut self, details: impl Into<String>) -> Self {
+        self.details = details.into();
+        self
+    }
+
+    /// Prefix the message with what was being done, keeping code and details.
+    pub fn context(mut self, what: impl std::fmt::Display) -> Self {
+        self.msg = format!("{what}: {}", self.msg);
+        self
+    }
+
+    pub fn incompatible_version(config: &str) -> Self {
+        let supported: Vec<String> =
+            SpecVersion::supported_strings().iter().map(|v| format!("{v:?}")).collect();
+        Error::new(code::INCOMPATIBLE_CNI_VERSION, "incompatible CNI versions").with_details(format!(
+            "config is {config:?}, plugin supports [{}]",
+            supported.join(" ")
+        ))
+    }
+
+    pub fn invalid_config(msg: impl Into<String>) -> Self {
+        Error::new(code::INVALID_NETWORK_CONFIG, msg)
+    }
+
+    pub fn invalid_env(msg: impl Into<String>) -> Self {
+        Error::new(code::INVALID_ENVIRONMENT_VARIABLES, msg)
+    }
+
+    pub fn decoding(msg: impl Into<String>) -> Self {
+        Error::new(code::DECODING_FAILURE, msg)
+    }
+
+    pub fn io(msg: impl Into<String>) -> Self {
+        Error::new(code::IO_FAILURE, msg)
+    }
+
+    pub fn try_again_later(msg: impl Into<String>) -> Self {
+        Error::new(code::TRY_AGAIN_LATER, msg)
+    }
+
+    pub fn kernel(msg: impl Into<String>) -> Self {
+        Error::new(code::KERNEL, msg)
+    }
+
+    pub fn internal(msg: impl Into<String>) -> Self {
+        Error::new(code::INTERNAL, msg)
+    }
+
+    /// The JSON document a plugin prints on stdout for this error.
+    pub fn to_json(&self, version: SpecVersion) -> serde_json::Value {
+        let mut doc = serde_json::Map::new();
+        doc.insert("cniVersion".into(), version.as_str().into());
+        doc.insert("code".into(), self.code.into());
+        doc.insert("msg".into(), self.msg.clone().into());
+        if !self.details.is_empty() {
+            doc.insert("details".into(), self.details.clone().into());
+        }
+        serde_json::Value::Object(doc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_json_has_version_code_msg_and_details_only_when_set() {
+        let e = Error::invalid_config("bad mtu");
+        let v = e.to_json(SpecVersion::V1_0_0);
+        assert_eq!(v, serde_json::json!({"cniVersion":"1.0.0","code":7,"msg":"bad mtu"}));
+        let v = e.with_details("mtu 9001 > 9000").to_json(SpecVersion::V0_4_0);
+        assert_eq!(v["details"], "mtu 9001 > 9000");
+    }
+
+    #[test]
+    fn display_joins_msg_and_details_like_libcni() {
+        let e = Error::new(4, "interface name is too long").with_details("x");
+        assert_eq!(e.to_string(), "interface name is too long; x");
+        assert_eq!(Error::new(4, "m").to_string(), "m");
+    }
+}

@@ -1,0 +1,24 @@
+//! plexus-cni: the CNI specification, for every plexus binary.
+//!
+//! Owns: network configuration and conflists, results of every version and their conversions,
+//! the error type and every error code, the `CNI_*` environment and name rules, the plugin entry
+//! point, delegation to other plugins, and logging setup.
+//!
+//! Must not: touch netlink, namespaces, Kubernetes or any store. Those live in `plexus-net`,
+//! `plexus-k8s` and `plexus-ipam`, which depend on this crate for their error type.
+
+pub mod config;
+pub mod delegate;
+pub mod env;
+pub mod error;
+pub mod logging;
+pub mod plugin;
+pub mod result;
+pub mod version;
+
+pub use config::{ConfList, Ipam, NetConf};
+pub use env::{CniArgs, CniEnv, Command};
+pub use error::{Error, code};
+pub use plugin::{About, Attachment, Plugin, Request};
+pub use result::{CniResult, Dns, Interface, IpConfig, Route};
+pub use version::SpecVersion;

@@ -1,0 +1,226 @@
+//! The plugin entry point: one function a plugin's `main` calls with its handlers.
+//!
+//! It reads the environment and stdin, validates them the way libcni's `pkg/skel` does, answers
+//! VERSION, refuses verbs the config's version does not have, sets up logging, calls the handler
+//! and prints exactly one JSON document on stdout: the result, or the error (with a non-zero exit).
+
+use std::io::{Read, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::NetConf;
+use crate::env::{CniEnv, Command, validate_network_name};
+use crate::error::{Error, code};
+use crate::logging;
+use crate::result::{CniResult, write_json};
+use crate::version::SpecVersion;
+
+/// One invocation: the environment, the raw config and its parsed common part.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub env: CniEnv,
+    pub version: SpecVersion,
+    pub config: NetConf,
+    pub stdin: Vec<u8>,
+}
+
+/// An attachment the runtime still considers valid (GC).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl Request {
+    /// The plugin's own view of the config. Type errors name the key (`mtu: invalid type ...`).
+    pub fn config_as<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        let de = &mut serde_json::Deserializer::from_slice(&self.stdin);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            Error::invalid_config(format!("invalid network config: {path}: {}", e.inner()))
+        })
+    }
+
+    pub fn netns(&self) -> Option<&Path> {
+        self.env.netns.as_deref()
+    }
+
+    /// GC: the attachments to keep, from `cni.dev/valid-attachments` or, from runtimes that
+    /// followed the `spec-v1.1.0` text, `cni.dev/attachments` (cni#1101).
+    pub fn valid_attachments(&self) -> Result<Vec<Attachment>, Error> {
+        for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
+            if let Some(v) = self.config.extra.get(key) {
+                return serde_json::from_value(v.clone())
+                    .map_err(|e| Error::decoding(format!("{key}: {e}")));
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// What a plugin does for each verb. CHECK, GC and STATUS are the plugin's to define; a plugin
+/// without resources of its own for GC/STATUS can keep the defaults, which succeed.
+pub trait Plugin {
+    fn add(&self, req: &Request) -> Result<CniResult, Error>;
+    fn del(&self, req: &Request) -> Result<(), Error>;
+    fn check(&self, req: &Request) -> Result<(), Error>;
+    fn gc(&self, _req: &Request) -> Result<(), Error> {
+        Ok(())
+    }
+    fn status(&self, _req: &Request) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// The plugin's name and version, printed on stderr when run without `CNI_COMMAND`.
+#[derive(Clone, Copy, Debug)]
+pub struct About {
+    pub name: &'static str,
+    pub version: &'static str,
+}
+
+/// Run the plugin as a process: the whole `main` of a plugin binary.
+pub fn run(about: About, plugin: &impl Plugin) -> ExitCode {
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let status = dispatch(
+        about,
+        plugin,
+        |k| std::env::var(k).ok(),
+        &mut stdin.lock(),
+        &mut stdout.lock(),
+        &mut stderr.lock(),
+    );
+    ExitCode::from(status)
+}
+
+/// [`run`] with its inputs and outputs given: returns the exit status.
+pub fn dispatch(
+    about: About,
+    plugin: &impl Plugin,
+    getenv: impl Fn(&str) -> Option<String>,
+    stdin: &mut impl Read,
+    stdout: &mut impl Write,
+    stderr: &mut impl Write,
+) -> u8 {
+    let command_set = getenv("CNI_COMMAND").is_some_and(|c| !c.is_empty());
+    if !command_set {
+        // skel: without a command, say what this is on stderr and succeed.
+        let _ = writeln!(stderr, "CNI plugin {} {}", about.name, about.version);
+        let _ = writeln!(stderr, "CNI protocol versions supported: {}", SpecVersion::supported_strings().join(", "));
+        return 0;
+    }
+    let mut print_version = SpecVersion::LATEST;
+    let outcome = prepare(getenv, stdin, &mut print_version).and_then(|req| match req {
+        None => Ok(Some(version_document())),
+        Some(req) => {
+            let _log = logging::init(&req.config, about.name);
+            let span = tracing::info_span!("cni", command = %req.env.command, container = %req.env.container_id, ifname = %req.env.ifname);
+            let _enter = span.enter();
+            tracing::debug!(config = %String::from_utf8_lossy(&req.stdin), "invoked");
+            let out = catch_unwind(AssertUnwindSafe(|| call(plugin, &req)))
+                .unwrap_or_else(|panic| Err(Error::internal(format!("plugin panicked: {}", panic_text(&panic)))));
+            match &out {
+                Ok(_) => tracing::debug!("succeeded"),
+                Err(e) => tracing::error!(code = e.code, "{e}"),
+            }
+            out
+        }
+    });
+    match outcome {
+        Ok(None) => 0,
+        Ok(Some(doc)) => match write_json(&doc, stdout) {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = writeln!(stderr, "{e}");
+                1
+            }
+        },
+        Err(e) => {
+            let _ = write_json(&e.to_json(print_version), stdout);
+            1
+        }
+    }
+}
+
+fn version_document() -> Value {
+    serde_json::json!({
+        "cniVersion": SpecVersion::LATEST.as_str(),
+        "supportedVersions": SpecVersion::supported_strings(),
+    })
+}
+
+/// Validate env and stdin; `None` means VERSION.
+fn prepare(
+    getenv: impl Fn(&str) -> Option<String>,
+    stdin: &mut impl Read,
+    print_version: &mut SpecVersion,
+) -> Result<Option<Request>, Error> {
+    let env = CniEnv::from_lookup(getenv)?;
+    if env.command == Command::Version {
+        return Ok(None);
+    }
+    let mut raw = Vec::new();
+    stdin.read_to_end(&mut raw).map_err(|e| Error::io(format!("error reading from stdin: {e}")))?;
+    let config = NetConf::parse(&raw)?;
+    let version = config.version()?;
+    *print_version = version;
+    validate_network_name(&config.name)?;
+    let min = match env.command {
+        Command::Check => Some(SpecVersion::CHECK_MIN),
+        Command::Gc | Command::Status => Some(SpecVersion::GC_STATUS_MIN),
+        _ => None,
+    };
+    if let Some(min) = min
+        && version < min
+    {
+        return Err(Error::new(
+            code::INCOMPATIBLE_CNI_VERSION,
+            format!("config version does not allow {}", env.command),
+        )
+        .with_details(format!("{} needs cniVersion {min} or later, config is {version}", env.command)));
+    }
+    if matches!(env.command, Command::Add | Command::Del) && !env.netns_override {
+        refuse_own_netns(env.netns.as_deref())?;
+    }
+    Ok(Some(Request { env, version, config, stdin: raw }))
+}
+
+fn refuse_own_netns(netns: Option<&Path>) -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(netns) = netns else { return Ok(()) };
+    let (Ok(target), Ok(own)) = (std::fs::metadata(netns), std::fs::metadata("/proc/self/ns/net")) else {
+        return Ok(()); // a missing netns is the handler's to judge (DEL must succeed)
+    };
+    if (target.dev(), target.ino()) == (own.dev(), own.ino()) {
+        return Err(Error::new(code::INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same")
+            .with_details(netns.display().to_string()));
+    }
+    Ok(())
+}
+
+fn call(plugin: &impl Plugin, req: &Request) -> Result<Option<Value>, Error> {
+    match req.env.command {
+        Command::Add => plugin.add(req)?.to_value(req.version).map(Some),
+        Command::Del => plugin.del(req).map(|_| None),
+        Command::Check => plugin.check(req).map(|_| None),
+        Command::Gc => plugin.gc(req).map(|_| None),
+        Command::Status => plugin.status(req).map(|_| None),
+        Command::Version => Ok(Some(version_document())),
+    }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
