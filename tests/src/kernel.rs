@@ -118,7 +118,9 @@ impl Netns {
     pub fn routes(&self) -> Vec<Route> {
         let mut all: Vec<Route> = json(self, &["-4", "route", "show", "table", "all"]);
         all.extend(json::<Vec<Route>>(self, &["-6", "route", "show", "table", "all"]));
-        all.retain(|r| r.table.as_deref() != Some("local") && !r.dst.starts_with("fe80") && !r.dst.starts_with("multicast"));
+        all.retain(|r| {
+            r.table.as_deref() != Some("local") && !r.dst.starts_with("fe80") && !r.dst.starts_with("multicast")
+        });
         all
     }
 

@@ -13,7 +13,7 @@ pub mod runner;
 
 pub use kernel::{Addr, Link, Route, Rule};
 pub use netns::{Lab, Netns};
-pub use runner::{Outcome, PluginRun, plugin_bin, reference_plugin, REFERENCE_CNI_DIR};
+pub use runner::{Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin};
 
 /// Fail the test with a clear message when not root: these tests create namespaces and links.
 pub fn require_root() {

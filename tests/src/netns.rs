@@ -52,10 +52,8 @@ impl Netns {
 
     /// Read a sysctl inside the namespace (`net.ipv4.conf.net1.arp_ignore`).
     pub fn sysctl(&self, key: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name, "sysctl", "-n", key])
-            .output()
-            .expect("run sysctl");
+        let out =
+            Command::new("ip").args(["netns", "exec", &self.name, "sysctl", "-n", key]).output().expect("run sysctl");
         assert!(out.status.success(), "sysctl {key} in {}: {}", self.name, String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
@@ -102,7 +100,19 @@ impl Lab {
     pub fn add_nic(&self, name: &str, mtu: u32) {
         let mtu = mtu.to_string();
         self.node.ip(&[
-            "link", "add", name, "mtu", &mtu, "type", "veth", "peer", "name", name, "mtu", &mtu, "netns",
+            "link",
+            "add",
+            name,
+            "mtu",
+            &mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            name,
+            "mtu",
+            &mtu,
+            "netns",
             self.fabric.name(),
         ]);
         self.node.ip(&["link", "set", name, "up"]);

@@ -24,14 +24,22 @@ pub fn bin_dir() -> PathBuf {
 /// A plexus binary built from this workspace.
 pub fn plugin_bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
-    assert!(p.is_file(), "{} is not built: run `cargo build --workspace --bins` first (scripts/test.sh does)", p.display());
+    assert!(
+        p.is_file(),
+        "{} is not built: run `cargo build --workspace --bins` first (scripts/test.sh does)",
+        p.display()
+    );
     p
 }
 
 /// A Debian reference plugin.
 pub fn reference_plugin(name: &str) -> PathBuf {
     let p = Path::new(REFERENCE_CNI_DIR).join(name);
-    assert!(p.is_file(), "{} missing: install Debian's containernetworking-plugins (scripts/test.sh does)", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: install Debian's containernetworking-plugins (scripts/test.sh does)",
+        p.display()
+    );
     p
 }
 
@@ -60,8 +68,9 @@ impl Outcome {
 
     /// stdout as the one JSON document it must be (panics otherwise).
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr))
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!("stdout is not one JSON document ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr)
+        })
     }
 
     /// The result of a successful ADD.
@@ -83,7 +92,13 @@ impl Outcome {
 impl PluginRun {
     /// `binary` with `CNI_COMMAND=command`; the rest of the CNI environment is unset until given.
     pub fn new(binary: impl Into<PathBuf>, command: &str) -> PluginRun {
-        PluginRun { binary: binary.into(), env: vec![("CNI_COMMAND".into(), command.into())], unset: vec![], stdin: vec![], netns: None }
+        PluginRun {
+            binary: binary.into(),
+            env: vec![("CNI_COMMAND".into(), command.into())],
+            unset: vec![],
+            stdin: vec![],
+            netns: None,
+        }
     }
 
     /// The usual per-attachment environment: container ID, netns, ifname and CNI_PATH.

@@ -82,7 +82,8 @@ fn invalid_interface_names_are_code_4_like_the_reference() {
 #[test]
 fn invalid_container_id_and_network_name_match_the_reference() {
     let lab = Lab::new();
-    let (code, msg, details) = same_error(&lab, |r| attach(&lab)(r).env("CNI_CONTAINERID", "../etc").stdin(&conf("1.0.0")));
+    let (code, msg, details) =
+        same_error(&lab, |r| attach(&lab)(r).env("CNI_CONTAINERID", "../etc").stdin(&conf("1.0.0")));
     assert_eq!((code, msg.as_str(), details.as_str()), (4, "invalid characters in containerID", "../etc"));
     let mut c = conf("1.0.0");
     c["name"] = "rail 0".into();
@@ -176,7 +177,8 @@ fn stdout_holds_exactly_one_json_document_at_log_level_debug() {
         let doc = out.result();
         assert_eq!(doc["ips"][0]["address"], "198.18.0.10/24");
         // One document: parsing a stream of values yields exactly one.
-        let docs: Vec<Value> = serde_json::Deserializer::from_str(&out.stdout).into_iter().map(Result::unwrap).collect();
+        let docs: Vec<Value> =
+            serde_json::Deserializer::from_str(&out.stdout).into_iter().map(Result::unwrap).collect();
         assert_eq!(docs.len(), 1, "stdout: {}", out.stdout);
         if expect_stderr_log {
             assert!(out.stderr.contains("DEBUG") && out.stderr.contains("delegating"), "stderr: {}", out.stderr);
@@ -217,7 +219,8 @@ fn gc_receives_valid_attachments_under_both_keys() {
     for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
         let _ = std::fs::remove_file(&record);
         let c = json!({"cniVersion": "1.1.0", "name": "rail0", "type": "x", "gcRecord": record.to_str().unwrap(), key: attachments});
-        let out = PluginRun::new(plugin_bin(OURS), "GC").env("CNI_PATH", "/usr/lib/cni").stdin(&c).in_netns(&lab.node).run();
+        let out =
+            PluginRun::new(plugin_bin(OURS), "GC").env("CNI_PATH", "/usr/lib/cni").stdin(&c).in_netns(&lab.node).run();
         assert!(out.success(), "{key}: {}", out.stdout);
         assert_eq!(out.stdout, "", "GC prints nothing on success");
         let seen: Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();

@@ -52,8 +52,7 @@ pub struct NetConf {
 
 impl NetConf {
     pub fn parse(bytes: &[u8]) -> Result<NetConf, Error> {
-        serde_json::from_slice(bytes)
-            .map_err(|e| Error::decoding(format!("error unmarshall network config: {e}")))
+        serde_json::from_slice(bytes).map_err(|e| Error::decoding(format!("error unmarshall network config: {e}")))
     }
 
     /// The spec version this config asks for.
@@ -65,9 +64,7 @@ impl NetConf {
     pub fn prev_result(&self) -> Result<Option<CniResult>, Error> {
         match &self.prev_result {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => CniResult::from_value(v.clone())
-                .map(Some)
-                .map_err(|e| e.context("prevResult")),
+            Some(v) => CniResult::from_value(v.clone()).map(Some).map_err(|e| e.context("prevResult")),
         }
     }
 
@@ -127,10 +124,7 @@ impl ConfList {
         }
         for (i, p) in list.plugins.iter().enumerate() {
             if !matches!(p.get("type"), Some(Value::String(t)) if !t.is_empty()) {
-                return Err(Error::invalid_config(format!(
-                    "network {:?}: plugin {i} has no \"type\"",
-                    list.name
-                )));
+                return Err(Error::invalid_config(format!("network {:?}: plugin {i} has no \"type\"", list.name)));
             }
         }
         Ok(list)
@@ -138,8 +132,8 @@ impl ConfList {
 
     /// A single-plugin config file (`.conf`) seen as a list of one.
     pub fn from_single(bytes: &[u8]) -> Result<ConfList, Error> {
-        let plugin: Map<String, Value> = serde_json::from_slice(bytes)
-            .map_err(|e| Error::decoding(format!("error parsing configuration: {e}")))?;
+        let plugin: Map<String, Value> =
+            serde_json::from_slice(bytes).map_err(|e| Error::decoding(format!("error parsing configuration: {e}")))?;
         let text = |k: &str| plugin.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         let list = ConfList {
             cni_version: text("cniVersion"),

@@ -22,15 +22,14 @@ pub fn find_plugin(plugin_type: &str, cni_path: &[PathBuf]) -> Result<PathBuf, E
         return Err(Error::invalid_config(format!("invalid plugin type {plugin_type:?}"))
             .with_details("a plugin type is a file name in CNI_PATH, without '/'"));
     }
-    cni_path
-        .iter()
-        .map(|dir| dir.join(plugin_type))
-        .find(|p| is_executable_file(p))
-        .ok_or_else(|| {
-            let dirs: Vec<String> = cni_path.iter().map(|d| d.display().to_string()).collect();
-            Error::new(code::DELEGATE_NOT_FOUND, format!("failed to find plugin {plugin_type:?} in path [{}]", dirs.join(" ")))
-                .with_details("CNI_PATH lists the directories searched; install the plugin there or fix \"type\"")
-        })
+    cni_path.iter().map(|dir| dir.join(plugin_type)).find(|p| is_executable_file(p)).ok_or_else(|| {
+        let dirs: Vec<String> = cni_path.iter().map(|d| d.display().to_string()).collect();
+        Error::new(
+            code::DELEGATE_NOT_FOUND,
+            format!("failed to find plugin {plugin_type:?} in path [{}]", dirs.join(" ")),
+        )
+        .with_details("CNI_PATH lists the directories searched; install the plugin there or fix \"type\"")
+    })
 }
 
 fn is_executable_file(p: &Path) -> bool {
@@ -103,7 +102,8 @@ fn delegate_error(plugin_type: &str, out: &std::process::Output) -> Error {
         }
     };
     let said = if out.stderr.is_empty() { &out.stdout } else { &out.stderr };
-    let mut err = Error::new(code::DELEGATE_FAILED, format!("plugin {plugin_type:?} failed ({how}) without a CNI error"));
+    let mut err =
+        Error::new(code::DELEGATE_FAILED, format!("plugin {plugin_type:?} failed ({how}) without a CNI error"));
     if !said.is_empty() {
         err = err.with_details(excerpt(said));
     }
@@ -126,7 +126,10 @@ mod tests {
     #[test]
     fn plugin_types_that_are_paths_are_refused() {
         for bad in ["", ".", "..", "../bin/sh", "/bin/sh", "a/b"] {
-            assert_eq!(find_plugin(bad, &[PathBuf::from("/usr/lib/cni")]).unwrap_err().code, code::INVALID_NETWORK_CONFIG);
+            assert_eq!(
+                find_plugin(bad, &[PathBuf::from("/usr/lib/cni")]).unwrap_err().code,
+                code::INVALID_NETWORK_CONFIG
+            );
         }
     }
 

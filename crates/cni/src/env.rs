@@ -92,10 +92,7 @@ impl CniEnv {
         let command = Command::parse(&cmd)?;
         let missing: Vec<&str> = command.required().iter().copied().filter(|k| var(k).is_none()).collect();
         if !missing.is_empty() {
-            return Err(Error::invalid_env(format!(
-                "required env variables [{}] missing",
-                missing.join(",")
-            )));
+            return Err(Error::invalid_env(format!("required env variables [{}] missing", missing.join(","))));
         }
         let container_id = var("CNI_CONTAINERID").unwrap_or_default();
         let ifname = var("CNI_IFNAME").unwrap_or_default();
@@ -110,8 +107,7 @@ impl CniEnv {
             ifname,
             args: CniArgs::parse(&var("CNI_ARGS").unwrap_or_default())?,
             path: var("CNI_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default(),
-            netns_override: var("CNI_NETNS_OVERRIDE")
-                .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")),
+            netns_override: var("CNI_NETNS_OVERRIDE").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")),
         })
     }
 
@@ -157,10 +153,8 @@ pub fn validate_ifname(name: &str) -> Result<(), Error> {
         return Err(Error::invalid_env("interface name is empty"));
     }
     if name.len() > IFNAME_MAX_LEN {
-        return Err(Error::invalid_env("interface name is too long").with_details(format!(
-            "interface name should be less than {} characters",
-            IFNAME_MAX_LEN + 1
-        )));
+        return Err(Error::invalid_env("interface name is too long")
+            .with_details(format!("interface name should be less than {} characters", IFNAME_MAX_LEN + 1)));
     }
     if name == "." || name == ".." {
         return Err(Error::invalid_env("interface name is . or .."));
@@ -244,8 +238,9 @@ mod tests {
 
     #[test]
     fn del_without_netns_is_accepted() {
-        let e = env(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "net1"), ("CNI_PATH", "/a:/b")])
-            .unwrap();
+        let e =
+            env(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "net1"), ("CNI_PATH", "/a:/b")])
+                .unwrap();
         assert_eq!(e.netns, None);
         assert_eq!(e.path, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
     }

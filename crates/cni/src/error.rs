@@ -70,12 +70,9 @@ impl Error {
     }
 
     pub fn incompatible_version(config: &str) -> Self {
-        let supported: Vec<String> =
-            SpecVersion::supported_strings().iter().map(|v| format!("{v:?}")).collect();
-        Error::new(code::INCOMPATIBLE_CNI_VERSION, "incompatible CNI versions").with_details(format!(
-            "config is {config:?}, plugin supports [{}]",
-            supported.join(" ")
-        ))
+        let supported: Vec<String> = SpecVersion::supported_strings().iter().map(|v| format!("{v:?}")).collect();
+        Error::new(code::INCOMPATIBLE_CNI_VERSION, "incompatible CNI versions")
+            .with_details(format!("config is {config:?}, plugin supports [{}]", supported.join(" ")))
     }
 
     pub fn invalid_config(msg: impl Into<String>) -> Self {

@@ -30,11 +30,8 @@ pub fn level(name: &str) -> LevelFilter {
 pub fn init(config: &NetConf, plugin: &str) -> Option<DefaultGuard> {
     let text = |k: &str| config.extra.get(k).and_then(|v| v.as_str()).filter(|s| !s.is_empty());
     let level = level(text("logLevel").unwrap_or("error"));
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_ansi(false)
-        .with_target(false)
-        .with_thread_ids(false);
+    let builder =
+        tracing_subscriber::fmt().with_max_level(level).with_ansi(false).with_target(false).with_thread_ids(false);
     if let Some(path) = text("logFile") {
         match open_log(Path::new(path)) {
             Ok(file) => {

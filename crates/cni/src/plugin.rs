@@ -56,8 +56,7 @@ impl Request {
     pub fn valid_attachments(&self) -> Result<Vec<Attachment>, Error> {
         for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
             if let Some(v) = self.config.extra.get(key) {
-                return serde_json::from_value(v.clone())
-                    .map_err(|e| Error::decoding(format!("{key}: {e}")));
+                return serde_json::from_value(v.clone()).map_err(|e| Error::decoding(format!("{key}: {e}")));
             }
         }
         Ok(Vec::new())
@@ -90,14 +89,8 @@ pub fn run(about: About, plugin: &impl Plugin) -> ExitCode {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
-    let status = dispatch(
-        about,
-        plugin,
-        |k| std::env::var(k).ok(),
-        &mut stdin.lock(),
-        &mut stdout.lock(),
-        &mut stderr.lock(),
-    );
+    let status =
+        dispatch(about, plugin, |k| std::env::var(k).ok(), &mut stdin.lock(), &mut stdout.lock(), &mut stderr.lock());
     ExitCode::from(status)
 }
 

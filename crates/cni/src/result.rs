@@ -35,10 +35,7 @@ pub struct Dns {
 
 impl Dns {
     pub fn is_empty(&self) -> bool {
-        self.nameservers.is_empty()
-            && self.domain.is_empty()
-            && self.search.is_empty()
-            && self.options.is_empty()
+        self.nameservers.is_empty() && self.domain.is_empty() && self.search.is_empty() && self.options.is_empty()
     }
 }
 
@@ -173,8 +170,8 @@ impl CniResult {
     /// Parse a result document of any supported version (its `cniVersion` decides the form;
     /// an empty or absent one is 0.2.0, as in libcni).
     pub fn parse(bytes: &[u8]) -> Result<CniResult, Error> {
-        let value: Value = serde_json::from_slice(bytes)
-            .map_err(|e| Error::decoding(format!("failed to parse result: {e}")))?;
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| Error::decoding(format!("failed to parse result: {e}")))?;
         CniResult::from_value(value)
     }
 
@@ -232,7 +229,12 @@ impl CniResult {
                 self.interfaces
                     .iter()
                     .map(|i| {
-                        to_json(&Interface { name: i.name.clone(), mac: i.mac.clone(), sandbox: i.sandbox.clone(), ..Default::default() })
+                        to_json(&Interface {
+                            name: i.name.clone(),
+                            mac: i.mac.clone(),
+                            sandbox: i.sandbox.clone(),
+                            ..Default::default()
+                        })
                     })
                     .collect()
             } else {
@@ -342,14 +344,18 @@ mod tests {
 
     #[test]
     fn l2_only_result_cannot_be_printed_at_0_2_0() {
-        let r = CniResult { interfaces: vec![Interface { name: "net1".into(), ..Default::default() }], ..Default::default() };
+        let r = CniResult {
+            interfaces: vec![Interface { name: "net1".into(), ..Default::default() }],
+            ..Default::default()
+        };
         let e = r.to_value(SpecVersion::V0_2_0).unwrap_err();
         assert_eq!(e.msg, "cannot convert: no valid IP addresses");
     }
 
     #[test]
     fn result_without_version_is_read_as_0_2_0() {
-        let r = CniResult::from_value(json!({"ip4": {"ip": "198.18.0.2/24", "routes": [{"dst": "0.0.0.0/0"}]}})).unwrap();
+        let r =
+            CniResult::from_value(json!({"ip4": {"ip": "198.18.0.2/24", "routes": [{"dst": "0.0.0.0/0"}]}})).unwrap();
         assert_eq!(r.ips[0].address.to_string(), "198.18.0.2/24");
         assert_eq!(r.routes.len(), 1);
     }

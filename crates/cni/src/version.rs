@@ -87,11 +87,7 @@ impl FromStr for SpecVersion {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        SpecVersion::SUPPORTED
-            .iter()
-            .copied()
-            .find(|v| v.as_str() == s)
-            .ok_or_else(|| Error::incompatible_version(s))
+        SpecVersion::SUPPORTED.iter().copied().find(|v| v.as_str() == s).ok_or_else(|| Error::incompatible_version(s))
     }
 }
 

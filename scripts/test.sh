@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command (README.md; .ci/run calls exactly this). On a fresh machine with only the Rust
+# toolchain it installs what the tests need, then runs: fmt check, clippy -D warnings, the build
+# of every binary, and the whole suite under nextest. Needs root: the tests create namespaces.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: run as root (tests create network namespaces and links)" >&2
+  exit 1
+fi
+
+# Debian packages the tests use, installed only when missing:
+#   containernetworking-plugins  the reference plugins, side by side with ours (/usr/lib/cni)
+#   iproute2 procps              ip and sysctl, the harness's independent view of the kernel
+packages=(containernetworking-plugins iproute2 procps)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== build every binary (tests exec them)"
+cargo build --workspace --bins --locked
+echo "== tests"
+cargo nextest run --workspace --locked --no-fail-fast
