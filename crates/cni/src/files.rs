@@ -1,0 +1,78 @@
+//! Files plexus keeps (caches, state, device-info): private (0600 in 0700 directories) and
+//! written atomically (temp file, fsync, rename, fsync of the directory), so a `kill -9` at any
+//! point leaves either the old file or the new one.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::error::Error;
+
+/// Create `dir` (and parents) with mode 0700 where missing.
+pub fn ensure_private_dir(dir: &Path) -> Result<(), Error> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::io(format!("create directory {}: {e}", dir.display())))
+}
+
+/// Replace `path` with `bytes`, atomically, mode 0600.
+pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    ensure_private_dir(dir)?;
+    let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
+    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}: {e}", tmp.display()));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| io("create", e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io("write", e)
+    })?;
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(format!("rename {} to {}: {e}", tmp.display(), path.display()))
+    })?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Remove `path`; a file that is already gone is success.
+pub fn remove_if_present(path: &Path) -> Result<(), Error> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::io(format!("remove {}: {e}", path.display())))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn private_files_are_0600_in_0700_dirs_and_replace_atomically() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("a/b/state.json");
+        write_private_atomic(&path, b"one").unwrap();
+        write_private_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::metadata(root.path().join("a/b")).unwrap().permissions().mode() & 0o777, 0o700);
+        let leftovers: Vec<_> = fs::read_dir(root.path().join("a/b")).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temp file left behind");
+        remove_if_present(&path).unwrap();
+        remove_if_present(&path).unwrap();
+    }
+}

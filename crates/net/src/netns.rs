@@ -1,0 +1,97 @@
+//! Network namespace handles. The only place plexus calls `setns`: always on a short-lived
+//! thread of its own, never on a thread tokio may schedule work on.
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::sched::{CloneFlags, setns, unshare};
+
+use crate::error::{NetError, Result};
+
+/// An open network namespace.
+#[derive(Debug)]
+pub struct Netns {
+    file: File,
+    path: PathBuf,
+}
+
+impl Netns {
+    /// Open the namespace at `path` (`/run/netns/x`, `/proc/<pid>/ns/net`).
+    pub fn open(path: &Path) -> Result<Netns> {
+        let file = File::open(path).map_err(|source| NetError::NetnsOpen { path: path.to_path_buf(), source })?;
+        Ok(Netns { file, path: path.to_path_buf() })
+    }
+
+    /// The namespace of the calling thread.
+    pub fn current() -> Result<Netns> {
+        Netns::open(Path::new("/proc/thread-self/ns/net"))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Whether two handles name the same namespace.
+    pub fn same_as(&self, other: &Netns) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), other.file.metadata()) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        }
+    }
+
+    /// Run `f` on a fresh thread that has joined this namespace (sysctls, sockets of other
+    /// families). The thread ends with `f`, so no other work ever runs in the namespace.
+    pub fn run<T: Send>(&self, what: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
+        let fd = self.file.as_fd();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                // A private fs context, so setns cannot be refused for a shared one.
+                unshare(CloneFlags::CLONE_FS).map_err(|e| NetError::io(format!("{what}: unshare"), e.into()))?;
+                setns(fd, CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| NetError::io(format!("{what}: enter netns {:?}", self.path), e.into()))?;
+                Ok(f())
+            })
+            .join()
+            .unwrap_or_else(|_| Err(NetError::Protocol { op: what.into(), msg: "thread panicked".into() }))
+        })
+    }
+
+    /// Write sysctls (paths under `/proc/sys`, see [`sysctl`]) inside this namespace, in order.
+    pub fn write_sysctls(&self, settings: &[(PathBuf, &str)]) -> Result<()> {
+        if settings.is_empty() {
+            return Ok(());
+        }
+        self.run("sysctl", || {
+            for (key, value) in settings {
+                std::fs::write(Path::new("/proc/sys").join(key), value)
+                    .map_err(|e| NetError::io(format!("sysctl {}={value}", key.display()), e))?;
+            }
+            Ok(())
+        })?
+    }
+
+    /// Read one sysctl inside this namespace.
+    pub fn read_sysctl(&self, key: &Path) -> Result<String> {
+        self.run("sysctl", || {
+            std::fs::read_to_string(Path::new("/proc/sys").join(key))
+                .map(|s| s.trim().to_string())
+                .map_err(|e| NetError::io(format!("read sysctl {}", key.display()), e))
+        })?
+    }
+}
+
+/// The `/proc/sys` path of a per-interface setting: `sysctl("ipv4", "net1", "arp_notify")`.
+/// Built from parts, because interface names may contain dots.
+pub fn sysctl(family: &str, ifname: &str, key: &str) -> PathBuf {
+    ["net", family, "conf", ifname, key].iter().collect()
+}

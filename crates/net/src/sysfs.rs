@@ -1,0 +1,192 @@
+//! sysfs lookups: netdev → PCI or auxiliary device → RDMA device, through one root (`/sys`, or
+//! `PLEXUS_SYSFS_ROOT` — tests point it at a fake tree). Plus the device-info document
+//! (Network Plumbing WG device-info spec) built from them.
+//!
+//! Note: `/sys/class/net` shows the namespace that mounted sysfs, so these lookups are for
+//! devices of the node (host) namespace, where plugins run.
+
+use std::path::{Path, PathBuf};
+
+use plexus_cni::env::validate_ifname;
+use plexus_cni::{Error, files};
+use serde_json::{Value, json};
+
+/// The environment variable that moves the sysfs root.
+pub const SYSFS_ROOT_ENV: &str = "PLEXUS_SYSFS_ROOT";
+
+/// The device-info spec version plexus writes.
+pub const DEVICE_INFO_VERSION: &str = "1.1.0";
+
+/// A sysfs tree.
+#[derive(Clone, Debug)]
+pub struct Sysfs {
+    root: PathBuf,
+}
+
+/// What sysfs says about a netdev's hardware.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetdevHardware {
+    /// PCI address (`0000:3b:00.0`) of the device or, for a sub-function, of its parent.
+    pub pci_address: Option<String>,
+    /// Auxiliary device name (`mlx5_core.sf.4`) for sub-functions.
+    pub auxiliary: Option<String>,
+    /// RDMA device (`mlx5_0`) bound to the same device.
+    pub rdma_device: Option<String>,
+    /// Kernel driver of the device (`mlx5_core`, `vfio-pci`).
+    pub driver: Option<String>,
+}
+
+fn is_pci_address(s: &str) -> bool {
+    // dddd:bb:dd.f
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && s.chars().enumerate().all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+}
+
+impl Sysfs {
+    pub fn new(root: impl Into<PathBuf>) -> Sysfs {
+        Sysfs { root: root.into() }
+    }
+
+    /// `/sys`, unless `PLEXUS_SYSFS_ROOT` names another root.
+    pub fn from_env() -> Sysfs {
+        Sysfs::new(std::env::var_os(SYSFS_ROOT_ENV).filter(|v| !v.is_empty()).unwrap_or_else(|| "/sys".into()))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The device directory behind netdev `ifname` (resolved), if it has one (veth has none).
+    pub fn netdev_device(&self, ifname: &str) -> Option<PathBuf> {
+        validate_ifname(ifname).ok()?;
+        std::fs::canonicalize(self.root.join("class/net").join(ifname).join("device")).ok()
+    }
+
+    /// Hardware facts about netdev `ifname`; empty for virtual devices.
+    pub fn netdev_hardware(&self, ifname: &str) -> NetdevHardware {
+        let Some(dev) = self.netdev_device(ifname) else { return NetdevHardware::default() };
+        self.device_hardware(&dev)
+    }
+
+    /// Hardware facts about a device directory (PCI function or auxiliary device).
+    pub fn device_hardware(&self, dev: &Path) -> NetdevHardware {
+        let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut hw = NetdevHardware::default();
+        if is_pci_address(&name) {
+            hw.pci_address = Some(name);
+        } else {
+            hw.auxiliary = Some(name);
+            // A sub-function's parent directory is its PCI function.
+            hw.pci_address = dev
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .filter(|n| is_pci_address(n));
+        }
+        hw.rdma_device = first_entry(&dev.join("infiniband"));
+        hw.driver = std::fs::read_link(dev.join("driver"))
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        hw
+    }
+}
+
+fn first_entry(dir: &Path) -> Option<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).ok()?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+/// The device-info document for a PCI device (and its RDMA device, when it has one).
+pub fn device_info_pci(hw: &NetdevHardware) -> Option<Value> {
+    let pci = hw.pci_address.as_ref()?;
+    let mut inner = serde_json::Map::new();
+    inner.insert("pci-address".into(), pci.clone().into());
+    if let Some(rdma) = &hw.rdma_device {
+        inner.insert("rdma-device".into(), rdma.clone().into());
+    }
+    Some(json!({"type": "pci", "version": DEVICE_INFO_VERSION, "pci": inner}))
+}
+
+/// Check a device-info path the runtime gave: absolute and without `..`.
+pub fn validate_device_info_path(path: &str) -> Result<PathBuf, Error> {
+    let p = Path::new(path);
+    if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err(Error::invalid_config(format!(
+            "runtimeConfig.CNIDeviceInfoFile {path:?} must be an absolute path without \"..\""
+        )));
+    }
+    Ok(p.to_path_buf())
+}
+
+/// Write a device-info document (atomically, 0600).
+pub fn write_device_info(path: &Path, doc: &Value) -> Result<(), Error> {
+    files::write_private_atomic(path, &serde_json::to_vec_pretty(doc).expect("json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A fake sysfs: a PF with an RDMA device, and a sub-function on it.
+    fn fake() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        let pf = r.join("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0");
+        std::fs::create_dir_all(pf.join("infiniband/mlx5_0")).unwrap();
+        std::fs::create_dir_all(r.join("bus/pci/drivers/mlx5_core")).unwrap();
+        symlink(r.join("bus/pci/drivers/mlx5_core"), pf.join("driver")).unwrap();
+        let sf = pf.join("mlx5_core.sf.4");
+        std::fs::create_dir_all(sf.join("infiniband/mlx5_4")).unwrap();
+        std::fs::create_dir_all(r.join("class/net/ens1f0")).unwrap();
+        symlink(&pf, r.join("class/net/ens1f0/device")).unwrap();
+        std::fs::create_dir_all(r.join("class/net/en3f0pf0sf4")).unwrap();
+        symlink(&sf, r.join("class/net/en3f0pf0sf4/device")).unwrap();
+        std::fs::create_dir_all(r.join("class/net/veth0")).unwrap();
+        t
+    }
+
+    #[test]
+    fn fake_sysfs_pf_resolves_to_pci_address_rdma_device_and_driver() {
+        let t = fake();
+        let hw = Sysfs::new(t.path()).netdev_hardware("ens1f0");
+        assert_eq!(hw.pci_address.as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(hw.rdma_device.as_deref(), Some("mlx5_0"));
+        assert_eq!(hw.driver.as_deref(), Some("mlx5_core"));
+        assert_eq!(
+            device_info_pci(&hw).unwrap(),
+            json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": "0000:3b:00.0", "rdma-device": "mlx5_0"}})
+        );
+    }
+
+    #[test]
+    fn fake_sysfs_sub_function_resolves_to_aux_name_parent_pci_and_its_rdma_device() {
+        let t = fake();
+        let hw = Sysfs::new(t.path()).netdev_hardware("en3f0pf0sf4");
+        assert_eq!(hw.auxiliary.as_deref(), Some("mlx5_core.sf.4"));
+        assert_eq!(hw.pci_address.as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(hw.rdma_device.as_deref(), Some("mlx5_4"));
+    }
+
+    #[test]
+    fn virtual_and_unsafe_names_have_no_hardware() {
+        let t = fake();
+        let s = Sysfs::new(t.path());
+        assert_eq!(s.netdev_hardware("veth0"), NetdevHardware::default());
+        assert_eq!(s.netdev_hardware("../../etc"), NetdevHardware::default());
+        assert_eq!(device_info_pci(&NetdevHardware::default()), None);
+    }
+
+    #[test]
+    fn device_info_paths_must_be_absolute_without_parent_steps() {
+        assert!(validate_device_info_path("/var/run/k8s.cni.cncf.io/devinfo/x.json").is_ok());
+        assert!(validate_device_info_path("rel/x.json").is_err());
+        assert!(validate_device_info_path("/var/run/../../etc/passwd").is_err());
+    }
+}
