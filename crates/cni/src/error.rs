@@ -38,6 +38,10 @@ pub mod code {
     pub const DELEGATE_FAILED: u32 = 101;
     /// A kernel operation (netlink, sysctl, namespace) failed.
     pub const KERNEL: u32 = 102;
+    /// ADD: `CNI_IFNAME` is already in use in the container (spec: ADD must fail then).
+    pub const IFNAME_TAKEN: u32 = 103;
+    /// CHECK: the attachment is not as ADD left it (names what differs).
+    pub const CHECK_FAILED: u32 = 104;
 
     /// An unexpected internal failure (libcni `ErrInternal`).
     pub const INTERNAL: u32 = 999;

@@ -234,6 +234,11 @@ pub struct LinkSocket {
     handle: Handle,
 }
 
+/// The address family of IPv4 (`true`) or IPv6 (`false`), for [`LinkSocket::routes`].
+pub fn family(v4: bool) -> AddressFamily {
+    if v4 { AddressFamily::Inet } else { AddressFamily::Inet6 }
+}
+
 fn family_of(ip: &IpAddr) -> AddressFamily {
     if ip.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 }
 }
@@ -375,7 +380,7 @@ impl LinkSocket {
         if let Some(ns) = c.netns {
             b = b.setns_by_fd(ns.raw_fd());
         }
-        self.ack(&format!("set link #{index} {c:?}"), RouteNetlinkMessage::SetLink(b.build()), 0).await
+        self.ack(&format!("set link #{index}"), RouteNetlinkMessage::SetLink(b.build()), 0).await
     }
 
     pub async fn delete_link(&self, index: u32) -> Result<()> {

@@ -1,0 +1,88 @@
+//! The plexus-macvlan configuration: the reference macvlan's keys plus `multiRail`,
+//! `routeTable` and `dad`.
+
+use plexus_cni::{Error, Request};
+use plexus_net::MacvlanMode;
+use plexus_net::link::parse_mac;
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MacvlanConf {
+    #[serde(default)]
+    pub master: Option<String>,
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    #[serde(default)]
+    pub mac: Option<String>,
+    #[serde(default)]
+    pub link_in_container: bool,
+    #[serde(default)]
+    pub bcqueuelen: Option<u32>,
+    #[serde(default)]
+    pub multi_rail: bool,
+    #[serde(default)]
+    pub route_table: Option<u32>,
+    #[serde(default)]
+    pub dad: bool,
+}
+
+impl MacvlanConf {
+    pub fn load(req: &Request) -> Result<MacvlanConf, Error> {
+        req.config_as()
+    }
+
+    /// `mode`: the reference's set (`source` is refused, as there).
+    pub fn mode(&self) -> Result<MacvlanMode, Error> {
+        match self.mode.as_deref().unwrap_or("") {
+            "" | "bridge" => Ok(MacvlanMode::Bridge),
+            "private" => Ok(MacvlanMode::Private),
+            "vepa" => Ok(MacvlanMode::Vepa),
+            "passthru" => Ok(MacvlanMode::Passthru),
+            other => Err(Error::invalid_config(format!("unknown macvlan mode: {other}"))
+                .with_details("\"mode\" must be one of bridge, private, vepa, passthru")),
+        }
+    }
+
+    /// The MAC to set: config < `CNI_ARGS` `MAC=` < `runtimeConfig.mac` (reference precedence).
+    pub fn mac(&self, req: &Request) -> Result<Option<[u8; 6]>, Error> {
+        let runtime = req.config.runtime("mac").and_then(|v| v.as_str());
+        let (key, value) = match (runtime, req.env.args.get("MAC"), self.mac.as_deref()) {
+            (Some(m), _, _) => ("runtimeConfig.mac", m),
+            (None, Some(m), _) => ("CNI_ARGS MAC", m),
+            (None, None, Some(m)) => ("mac", m),
+            (None, None, None) => return Ok(None),
+        };
+        match parse_mac(value) {
+            Some(mac) if mac[0] & 1 == 0 => Ok(Some(mac)),
+            _ => Err(Error::invalid_config(format!("invalid {key} {value:?}: not a unicast MAC address"))),
+        }
+    }
+
+    /// The MTU to give the macvlan: absent or 0 means the parent's; more than the parent's is an error.
+    pub fn mtu(&self, master: &str, master_mtu: u32) -> Result<u32, Error> {
+        match self.mtu {
+            None | Some(0) => Ok(master_mtu),
+            Some(m) if m > master_mtu => Err(Error::invalid_config(format!(
+                "invalid MTU {m}, must be [0, master MTU({master_mtu})]"
+            ))
+            .with_details(format!("\"mtu\" {m} is larger than the MTU {master_mtu} of master {master:?}"))),
+            Some(m) => Ok(m),
+        }
+    }
+
+    /// The multi-rail routing table, when multi-rail is on.
+    pub fn rail_table(&self, ifname: &str) -> Option<u32> {
+        self.multi_rail.then(|| self.route_table.unwrap_or_else(|| plexus_net::configure::multi_rail_table(ifname)))
+    }
+
+    /// `runtimeConfig.CNIDeviceInfoFile`, checked.
+    pub fn device_info_file(req: &Request) -> Result<Option<std::path::PathBuf>, Error> {
+        match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
+            Some(p) if !p.is_empty() => plexus_net::sysfs::validate_device_info_path(p).map(Some),
+            _ => Ok(None),
+        }
+    }
+}

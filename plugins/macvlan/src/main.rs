@@ -1,0 +1,314 @@
+//! plexus-macvlan: a macvlan on a RoCE-capable parent for the pod (shared RDMA mode).
+//!
+//! ADD: resolve the master and MTU → check CNI_IFNAME is free in the pod → create the macvlan
+//! straight inside the pod namespace under a temporary name → rename → IPAM ADD → sysctls,
+//! addresses (no DAD unless asked), up, routes (multi-rail: own table + source rules) →
+//! device-info → result. Any failure after the link exists undoes IPAM and the link.
+
+mod conf;
+
+use std::hash::{BuildHasher, Hasher};
+use std::process::ExitCode;
+
+use conf::MacvlanConf;
+use plexus_cni::delegate;
+use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
+use plexus_net::configure::{self, IfaceSetup};
+use plexus_net::sysfs::{Sysfs, device_info_pci, write_device_info};
+use plexus_net::{Link, LinkChange, LinkSocket, Netns, NewMacvlan};
+
+/// Attempts at a free temporary name before giving up.
+const TEMP_NAME_ATTEMPTS: usize = 3;
+
+struct Macvlan;
+
+fn main() -> ExitCode {
+    plexus_cni::plugin::run(About { name: "plexus-macvlan", version: env!("CARGO_PKG_VERSION") }, &Macvlan)
+}
+
+impl Plugin for Macvlan {
+    fn add(&self, req: &Request) -> Result<CniResult, Error> {
+        let conf = MacvlanConf::load(req)?;
+        let mode = conf.mode()?;
+        let mac = conf.mac(req)?;
+        let device_info = MacvlanConf::device_info_file(req)?;
+        let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
+        let ifname = req.env.ifname.as_str();
+        configure::runtime()?.block_on(async {
+            let node = LinkSocket::current()?;
+            let pod_sock = LinkSocket::open(&pod)?;
+            let master_sock = if conf.link_in_container { &pod_sock } else { &node };
+            let master = find_master(master_sock, &conf).await?;
+            let mtu = conf.mtu(&master.name, master.mtu)?;
+            if pod_sock.link(ifname).await?.is_some() {
+                return Err(Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
+                    .with_details(format!("netns {}", pod.path().display())));
+            }
+            let spec = NewMacvlan {
+                name: "",
+                parent_index: master.index,
+                mode,
+                mtu: Some(mtu),
+                mac,
+                bcqueuelen: conf.bcqueuelen,
+                netns: (!conf.link_in_container).then_some(&pod),
+            };
+            let link = create_under_temp_name(master_sock, &pod_sock, &spec).await?;
+            let mut ipam_ran = false;
+            let attached = attach(req, &conf, &pod, &pod_sock, &link, &master, &mut ipam_ran).await;
+            if attached.is_err() {
+                undo_add(req, &pod_sock, &link, ipam_ran).await;
+            }
+            let result = attached?;
+            if let Some(path) = device_info {
+                match device_info_pci(&Sysfs::from_env().netdev_hardware(&master.name)) {
+                    Some(doc) => write_device_info(&path, &doc)?,
+                    None => tracing::info!(master = %master.name, "no PCI device behind the master: no device-info written"),
+                }
+            }
+            Ok(result)
+        })
+    }
+
+    fn del(&self, req: &Request) -> Result<(), Error> {
+        let conf = MacvlanConf::load(req)?;
+        // IPAM DEL always runs, even when the namespace is gone; its error is reported last.
+        let ipam = forward_to_ipam(req, Command::Del).err();
+        if let Some(path) = MacvlanConf::device_info_file(req)? {
+            files::remove_if_present(&path)?;
+        }
+        if let Some(path) = req.netns() {
+            delete_link(&conf, path, &req.env.ifname)?;
+        }
+        ipam.map_or(Ok(()), Err)
+    }
+
+    fn check(&self, req: &Request) -> Result<(), Error> {
+        let conf = MacvlanConf::load(req)?;
+        let prev = req
+            .config
+            .prev_result()?
+            .ok_or_else(|| Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult"))?;
+        forward_to_ipam(req, Command::Check)?;
+        let pod = Netns::open(req.netns().expect("CHECK has CNI_NETNS"))?;
+        configure::runtime()?.block_on(check_attachment(req, &conf, &prev, &pod))
+    }
+
+    fn status(&self, req: &Request) -> Result<(), Error> {
+        let conf = MacvlanConf::load(req)?;
+        if !conf.link_in_container {
+            configure::runtime()?.block_on(async {
+                let node = LinkSocket::current()?;
+                find_master(&node, &conf).await.map(|_| ()).map_err(|e| Error::new(code::PLUGIN_NOT_AVAILABLE, e.msg))
+            })?;
+        }
+        forward_to_ipam(req, Command::Status)
+    }
+
+    fn gc(&self, req: &Request) -> Result<(), Error> {
+        forward_to_ipam(req, Command::Gc)
+    }
+}
+
+/// The master by name, or the interface of the default route (reference behaviour).
+async fn find_master(sock: &LinkSocket, conf: &MacvlanConf) -> Result<Link, Error> {
+    match conf.master.as_deref().filter(|m| !m.is_empty()) {
+        Some(name) => {
+            plexus_cni::env::validate_ifname(name)
+                .map_err(|e| Error::invalid_config(format!("invalid \"master\" {name:?}: {}", e.msg)))?;
+            sock.link(name).await?.ok_or_else(|| {
+                let place = if conf.link_in_container { "container" } else { "node" };
+                Error::invalid_config(format!("master interface {name:?} not found"))
+                    .with_details(format!("no link {name:?} in the {place} namespace"))
+            })
+        }
+        None => sock.default_route_link().await?.ok_or_else(|| {
+            Error::invalid_config("no default route interface found").with_details("set \"master\" in the config")
+        }),
+    }
+}
+
+fn temp_name() -> String {
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    format!("plx{:08x}", random as u32)
+}
+
+/// Create the macvlan under a temporary name (a name clash is retried with another), and find it
+/// in the pod namespace.
+async fn create_under_temp_name(
+    create_sock: &LinkSocket,
+    pod_sock: &LinkSocket,
+    spec: &NewMacvlan<'_>,
+) -> Result<Link, Error> {
+    for attempt in 1..=TEMP_NAME_ATTEMPTS {
+        let name = temp_name();
+        match create_sock.add_macvlan(&NewMacvlan { name: &name, ..spec.clone() }).await {
+            Ok(()) => {
+                return pod_sock.link(&name).await?.ok_or_else(|| {
+                    Error::kernel(format!("macvlan {name:?} was created but is not in the container namespace"))
+                });
+            }
+            Err(e) if e.is_exists() && attempt < TEMP_NAME_ATTEMPTS => continue,
+            Err(e) => return Err(Error::from(e).context("create macvlan")),
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+/// Everything after the link exists: rename, IPAM, interface setup, result.
+async fn attach(
+    req: &Request,
+    conf: &MacvlanConf,
+    pod: &Netns,
+    sock: &LinkSocket,
+    link: &Link,
+    master: &Link,
+    ipam_ran: &mut bool,
+) -> Result<CniResult, Error> {
+    let ifname = req.env.ifname.as_str();
+    sock.set_link(link.index, &LinkChange { name: Some(ifname), ..Default::default() })
+        .await
+        .map_err(|e| Error::from(e).context(format!("rename {} to {ifname}", link.name)))?;
+    let mut result = match req.config.ipam_type() {
+        Some(ipam) => {
+            *ipam_ran = true;
+            delegate::exec(ipam, Command::Add, &req.env, &req.config.to_value())?.unwrap_or_default()
+        }
+        None => CniResult::default(),
+    };
+    for ip in &mut result.ips {
+        ip.interface = Some(0);
+    }
+    let setup = IfaceSetup {
+        ifname,
+        index: link.index,
+        result: &result,
+        dad: conf.dad,
+        multi_rail_table: conf.rail_table(ifname),
+    };
+    configure::configure(pod, sock, &setup).await.map_err(|e| Error::from(e).context(format!("configure {ifname}")))?;
+    tracing::debug!(ifname, master = %master.name, "attached");
+    result.interfaces = vec![Interface {
+        name: ifname.to_string(),
+        mac: link.mac_string(),
+        mtu: Some(link.mtu),
+        sandbox: Some(pod.path().display().to_string()),
+        ..Default::default()
+    }];
+    if let Some(dns) = req.config.dns.as_ref().filter(|d| !d.is_empty()) {
+        result.dns = dns.clone();
+    }
+    Ok(result)
+}
+
+/// Roll back a failed ADD: release the address, remove the link (its routes go with it) and the
+/// multi-rail rules.
+async fn undo_add(req: &Request, sock: &LinkSocket, link: &Link, ipam_ran: bool) {
+    if ipam_ran && let Err(e) = forward_to_ipam(req, Command::Del) {
+        tracing::error!("rollback: IPAM DEL failed: {e}");
+    }
+    if let Err(e) = sock.delete_link(link.index).await {
+        tracing::error!("rollback: delete link: {e}");
+    }
+    if let Ok(conf) = MacvlanConf::load(req)
+        && let Some(table) = conf.rail_table(&req.env.ifname)
+        && let Err(e) = configure::remove_rules(sock, table).await
+    {
+        tracing::error!("rollback: remove rules: {e}");
+    }
+}
+
+fn forward_to_ipam(req: &Request, command: Command) -> Result<(), Error> {
+    match req.config.ipam_type() {
+        Some(ipam) => delegate::exec(ipam, command, &req.env, &req.config.to_value()).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+/// DEL's kernel part: succeeds when the namespace or the link is already gone.
+fn delete_link(conf: &MacvlanConf, netns: &std::path::Path, ifname: &str) -> Result<(), Error> {
+    let pod = match Netns::open(netns) {
+        Ok(ns) => ns,
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    configure::runtime()?.block_on(async {
+        let sock = match LinkSocket::open(&pod) {
+            Ok(s) => s,
+            // A path that is no longer a namespace (unmounted): nothing left to delete.
+            Err(e) if e.is_not_found() || e.errno() == Some(nix_einval()) => return Ok(()),
+            Err(e) => return Err(Error::from(e)),
+        };
+        match sock.link(ifname).await? {
+            Some(link) if link.kind.as_deref() == Some("macvlan") => match sock.delete_link(link.index).await {
+                Err(e) if !e.is_not_found() => return Err(Error::from(e).context(format!("delete {ifname}"))),
+                _ => {}
+            },
+            Some(link) => tracing::warn!(ifname, kind = ?link.kind, "not a macvlan: left in place"),
+            None => {}
+        }
+        if let Some(table) = conf.rail_table(ifname) {
+            configure::remove_rules(&sock, table).await?;
+        }
+        Ok(())
+    })
+}
+
+fn nix_einval() -> i32 {
+    22 // EINVAL: setns on a file that is not a namespace
+}
+
+/// CHECK: the link in the pod is the macvlan ADD made, with prevResult's MAC, addresses, routes.
+async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, pod: &Netns) -> Result<(), Error> {
+    let ifname = req.env.ifname.as_str();
+    let failed = |what: String| Error::new(code::CHECK_FAILED, what);
+    let sandbox = pod.path().display().to_string();
+    let idx = prev
+        .interfaces
+        .iter()
+        .position(|i| i.name == ifname && i.sandbox.as_deref() == Some(sandbox.as_str()))
+        .ok_or_else(|| failed(format!("prevResult has no interface {ifname:?} in {sandbox}")))?;
+    let node = LinkSocket::current()?;
+    let sock = LinkSocket::open(pod)?;
+    let link = sock.link(ifname).await?.ok_or_else(|| failed(format!("interface {ifname:?} not found in {sandbox}")))?;
+    if link.kind.as_deref() != Some("macvlan") {
+        return Err(failed(format!("{ifname} is a {:?} link, not a macvlan", link.kind.unwrap_or_default())));
+    }
+    let mode = conf.mode()?;
+    if link.macvlan_mode != Some(mode) {
+        return Err(failed(format!(
+            "{ifname} is in macvlan mode {:?}, config says {}",
+            link.macvlan_mode.map(|m| m.as_str()),
+            mode.as_str()
+        )));
+    }
+    let master = find_master(if conf.link_in_container { &sock } else { &node }, conf).await?;
+    if link.parent != Some(master.index) {
+        return Err(failed(format!("{ifname} is not on master {:?}", master.name)));
+    }
+    let want_mtu = conf.mtu(&master.name, master.mtu)?;
+    if link.mtu != want_mtu {
+        return Err(failed(format!("{ifname} has MTU {}, expected {want_mtu}", link.mtu)));
+    }
+    if let Some(mac) = &prev.interfaces[idx].mac
+        && link.mac_string().as_deref() != Some(mac.to_ascii_lowercase().as_str())
+    {
+        return Err(failed(format!("{ifname} has MAC {:?}, prevResult says {mac}", link.mac_string())));
+    }
+    let have: Vec<_> = sock.addresses(link.index).await?.into_iter().map(|(a, _)| a).collect();
+    for ip in prev.ips.iter().filter(|i| i.interface == Some(idx)) {
+        if !have.contains(&ip.address) {
+            return Err(failed(format!("{ifname} lacks address {}", ip.address)));
+        }
+    }
+    let table = conf.rail_table(ifname);
+    let mut routes = sock.routes(plexus_net::link::family(true)).await?;
+    routes.extend(sock.routes(plexus_net::link::family(false)).await?);
+    for r in &prev.routes {
+        let want_table = table.or(r.table).unwrap_or(plexus_net::link::MAIN_TABLE);
+        if !routes.iter().any(|k| k.dst == r.dst && k.table == want_table && (r.gw.is_none() || k.gw == r.gw)) {
+            return Err(failed(format!("route to {} (table {want_table}) is missing", r.dst)));
+        }
+    }
+    Ok(())
+}
