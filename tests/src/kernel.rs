@@ -18,6 +18,9 @@ pub struct Link {
     /// Parent name (or index if in another namespace) for stacked links.
     #[serde(default)]
     pub link: Option<String>,
+    /// Parent index when the parent is in another namespace.
+    #[serde(default)]
+    pub link_index: Option<u32>,
     #[serde(default)]
     pub ifalias: Option<String>,
     #[serde(default)]

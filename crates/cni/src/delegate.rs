@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command as Process, Stdio};
+use std::process::{Child, Command as Process, Stdio};
 
 use serde_json::Value;
 
@@ -39,26 +39,58 @@ fn is_executable_file(p: &Path) -> bool {
 /// Run `plugin_type` for `command` with `config` on stdin and `env` as its CNI environment.
 /// ADD returns the delegate's result (in whatever version it printed); the other verbs `None`.
 pub fn exec(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Option<CniResult>, Error> {
+    spawn(plugin_type, command, env, config)?.wait()
+}
+
+/// A delegate started and not yet waited for: it runs while the caller does other work.
+#[derive(Debug)]
+pub struct Running {
+    plugin_type: String,
+    command: Command,
+    child: Child,
+    feeder: std::thread::JoinHandle<()>,
+}
+
+/// Start `plugin_type` for `command`; [`Running::wait`] collects its outcome.
+pub fn spawn(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Running, Error> {
     let binary = find_plugin(plugin_type, &env.path)?;
     let stdin = serde_json::to_vec(config).map_err(|e| Error::internal(format!("encoding delegate config: {e}")))?;
     tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
-    let out = run(&binary, command, env, &stdin)
+    let (child, feeder) = start(&binary, command, env, stdin)
         .map_err(|e| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}")))?;
-    if !out.status.success() {
-        let err = delegate_error(plugin_type, &out);
-        tracing::debug!(plugin = plugin_type, %command, code = err.code, "delegate failed: {err}");
-        return Err(err);
-    }
-    if command != Command::Add {
-        return Ok(None);
-    }
-    CniResult::parse(&out.stdout).map(Some).map_err(|e| {
-        Error::new(code::DELEGATE_FAILED, format!("plugin {plugin_type:?} returned an unreadable result: {}", e.msg))
-            .with_details(excerpt(&out.stdout))
-    })
+    Ok(Running { plugin_type: plugin_type.to_string(), command, child, feeder })
 }
 
-fn run(binary: &Path, command: Command, env: &CniEnv, stdin: &[u8]) -> std::io::Result<std::process::Output> {
+impl Running {
+    /// Wait for the delegate: ADD yields its result, the other verbs `None`; a failure yields the
+    /// delegate's own CNI error.
+    pub fn wait(self) -> Result<Option<CniResult>, Error> {
+        let Running { plugin_type, command, child, feeder } = self;
+        let out = child
+            .wait_with_output()
+            .map_err(|e| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}")))?;
+        let _ = feeder.join();
+        if !out.status.success() {
+            let err = delegate_error(&plugin_type, &out);
+            tracing::debug!(plugin = %plugin_type, %command, code = err.code, "delegate failed: {err}");
+            return Err(err);
+        }
+        if command != Command::Add {
+            return Ok(None);
+        }
+        CniResult::parse(&out.stdout).map(Some).map_err(|e| {
+            Error::new(code::DELEGATE_FAILED, format!("plugin {plugin_type:?} returned an unreadable result: {}", e.msg))
+                .with_details(excerpt(&out.stdout))
+        })
+    }
+}
+
+fn start(
+    binary: &Path,
+    command: Command,
+    env: &CniEnv,
+    stdin: Vec<u8>,
+) -> std::io::Result<(Child, std::thread::JoinHandle<()>)> {
     let mut cmd = Process::new(binary);
     cmd.env("CNI_COMMAND", command.as_str())
         .env("CNI_CONTAINERID", &env.container_id)
@@ -74,14 +106,74 @@ fn run(binary: &Path, command: Command, env: &CniEnv, stdin: &[u8]) -> std::io::
     };
     let mut child = cmd.spawn()?;
     let mut pipe = child.stdin.take().expect("stdin is piped");
-    let input = stdin.to_vec();
     // Feed stdin from a thread so a delegate that writes before it reads cannot deadlock us.
     let feeder = std::thread::spawn(move || {
-        let _ = pipe.write_all(&input);
+        let _ = pipe.write_all(&stdin);
     });
-    let out = child.wait_with_output()?;
-    let _ = feeder.join();
-    Ok(out)
+    Ok((child, feeder))
+}
+
+/// The IPAM step of an attaching plugin. IPAM plugins that do not touch the interface run
+/// concurrently with link creation (started early, collected when the link is ready); `dhcp`
+/// talks on the interface, so it starts only when the link has its final name.
+#[derive(Debug)]
+pub enum IpamStep {
+    /// No `ipam` section (L2 only).
+    None,
+    /// Not started yet (`dhcp`, or not yet begun).
+    Pending(String),
+    /// Started, outcome not collected.
+    Running(Running),
+    /// ADD was run (successfully or not): a rollback must DEL.
+    Ran,
+}
+
+/// IPAM types that need the interface to exist under `CNI_IFNAME` when they run.
+const IPAM_NEEDING_THE_INTERFACE: &[&str] = &["dhcp"];
+
+impl IpamStep {
+    /// Start the IPAM ADD now when it can run ahead of the interface.
+    pub fn start_early(req_env: &CniEnv, config: &crate::NetConf) -> Result<IpamStep, Error> {
+        match config.ipam_type() {
+            None => Ok(IpamStep::None),
+            Some(t) if IPAM_NEEDING_THE_INTERFACE.contains(&t) => Ok(IpamStep::Pending(t.to_string())),
+            Some(t) => Ok(IpamStep::Running(spawn(t, Command::Add, req_env, &config.to_value())?)),
+        }
+    }
+
+    /// The IPAM result (empty for L2 only), running the ADD now if it has not started.
+    pub fn result(&mut self, env: &CniEnv, config: &crate::NetConf) -> Result<CniResult, Error> {
+        let outcome = match std::mem::replace(self, IpamStep::Ran) {
+            IpamStep::None => {
+                *self = IpamStep::None;
+                return Ok(CniResult::default());
+            }
+            IpamStep::Pending(t) => exec(&t, Command::Add, env, &config.to_value()),
+            IpamStep::Running(r) => r.wait(),
+            IpamStep::Ran => return Err(Error::internal("IPAM result collected twice")),
+        };
+        outcome.map(Option::unwrap_or_default)
+    }
+
+    /// Undo: wait for an ADD still running, then DEL if an ADD ran. Errors are logged: a
+    /// rollback reports the error that caused it.
+    pub fn roll_back(self, env: &CniEnv, config: &crate::NetConf) {
+        let ran = match self {
+            IpamStep::None | IpamStep::Pending(_) => false,
+            IpamStep::Running(r) => {
+                let _ = r.wait();
+                true
+            }
+            IpamStep::Ran => true,
+        };
+        if ran && let Some(t) = config.ipam_type() {
+            let mut del_env = env.clone();
+            del_env.command = Command::Del;
+            if let Err(e) = exec(t, Command::Del, &del_env, &config.to_value()) {
+                tracing::error!("rollback: IPAM DEL failed: {e}");
+            }
+        }
+    }
 }
 
 /// The delegate's own CNI error from stdout, else from stderr (libcni `pluginErr`), else ours.

@@ -306,13 +306,16 @@ fn to_json<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or_else(|e| json!({"error": e.to_string()}))
 }
 
-/// Write one JSON document indented with four spaces (libcni's `MarshalIndent`), then a newline.
+/// Write one JSON document indented with four spaces (libcni's `MarshalIndent`), then a newline,
+/// in a single write (stdout is line-buffered; one document should be one write).
 pub fn write_json(v: &Value, out: &mut impl std::io::Write) -> Result<(), Error> {
     use serde::Serialize as _;
+    let mut buf = Vec::with_capacity(1024);
     let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
-    let mut ser = serde_json::Serializer::with_formatter(&mut *out, fmt);
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
     v.serialize(&mut ser).map_err(|e| Error::io(format!("writing result: {e}")))?;
-    out.write_all(b"\n").and_then(|_| out.flush()).map_err(|e| Error::io(format!("writing result: {e}")))
+    buf.push(b'\n');
+    out.write_all(&buf).and_then(|_| out.flush()).map_err(|e| Error::io(format!("writing result: {e}")))
 }
 
 #[cfg(test)]

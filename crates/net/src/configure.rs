@@ -12,7 +12,7 @@ use ipnetwork::IpNetwork;
 use plexus_cni::CniResult;
 
 use crate::error::{NetError, Result};
-use crate::link::{LinkChange, LinkSocket, MAIN_TABLE, RouteSpec, RuleSpec};
+use crate::link::{Ipv4Conf, LinkChange, LinkSocket, MAIN_TABLE, RouteSpec, RuleSpec};
 use crate::netns::{Netns, sysctl};
 
 /// Priority of the multi-rail source rules: ahead of `main` (32766).
@@ -51,26 +51,35 @@ pub struct IfaceSetup<'a> {
     pub multi_rail_table: Option<u32>,
 }
 
-/// The sysctls an interface gets (paths under /proc/sys and values).
-pub fn sysctls_for(setup: &IfaceSetup<'_>) -> Vec<(PathBuf, &'static str)> {
-    let ifname = setup.ifname;
-    // Neighbours learn the (possibly reused) address at once: arp_notify/ndisc_notify send
-    // gratuitous ARP / unsolicited NA on link up (plugins#588).
-    let mut s = vec![(sysctl("ipv4", ifname, "arp_notify"), "1")];
-    if setup.result.ips.iter().any(|i| i.address.is_ipv6()) {
-        s.push((sysctl("ipv6", "lo", "disable_ipv6"), "0"));
-        s.push((sysctl("ipv6", ifname, "disable_ipv6"), "0"));
-        s.push((sysctl("ipv6", ifname, "ndisc_notify"), "1"));
-    }
-    if setup.multi_rail_table.is_some() {
+/// The IPv4 settings an interface gets. The caller applies them in the same RTM_SETLINK that
+/// gives the link its final name, before [`configure`] brings it up.
+pub fn ipv4_conf(multi_rail: bool) -> Ipv4Conf {
+    // Neighbours learn the (possibly reused) address at once: arp_notify sends a gratuitous ARP
+    // when the link goes up (plugins#588), so it must be set before.
+    let mut conf = Ipv4Conf { arp_notify: 1, ..Default::default() };
+    if multi_rail {
         // Several interfaces in one subnet: each answers ARP only for its own addresses, and
         // announces with the address of the interface it sends from; replies arriving on the
-        // "wrong" rail are not dropped by reverse-path filtering.
-        s.push((sysctl("ipv4", ifname, "arp_ignore"), "1"));
-        s.push((sysctl("ipv4", ifname, "arp_announce"), "2"));
-        s.push((sysctl("ipv4", ifname, "rp_filter"), "2"));
+        // "wrong" rail are not dropped by reverse-path filtering (loose mode).
+        conf.arp_ignore = 1;
+        conf.arp_announce = 2;
+        conf.rp_filter = 2;
     }
-    s
+    conf
+}
+
+/// The IPv6 sysctls an interface gets (paths under /proc/sys and values): the kernel takes
+/// these only through /proc/sys, so they cost a namespace switch — only when IPv6 is in use.
+pub fn ipv6_sysctls_for(setup: &IfaceSetup<'_>) -> Vec<(PathBuf, &'static str)> {
+    if !setup.result.ips.iter().any(|i| i.address.is_ipv6()) {
+        return Vec::new();
+    }
+    vec![
+        (sysctl("ipv6", "lo", "disable_ipv6"), "0"),
+        (sysctl("ipv6", setup.ifname, "disable_ipv6"), "0"),
+        // The IPv6 twin of arp_notify: an unsolicited NA on link up.
+        (sysctl("ipv6", setup.ifname, "ndisc_notify"), "1"),
+    ]
 }
 
 fn default_gateway(result: &CniResult, v4: bool) -> Option<IpAddr> {
@@ -120,16 +129,10 @@ pub fn rules_for(setup: &IfaceSetup<'_>) -> Vec<RuleSpec> {
         .collect()
 }
 
-/// Configure the interface: sysctls, addresses, up, routes, rules; then the DAD wait if asked.
+/// Configure the named interface (its [`ipv4_conf`] already applied): IPv6 settings, addresses,
+/// up, routes, rules; then the DAD wait if asked.
 pub async fn configure(pod: &Netns, sock: &LinkSocket, setup: &IfaceSetup<'_>) -> Result<()> {
-    // arp_notify/ndisc_notify failures are not fatal (the reference ignores them too); the
-    // multi-rail and IPv6-enable ones are.
-    let (optional, required): (Vec<_>, Vec<_>) =
-        sysctls_for(setup).into_iter().partition(|(k, _)| k.ends_with("arp_notify") || k.ends_with("ndisc_notify"));
-    pod.write_sysctls(&required)?;
-    if let Err(e) = pod.write_sysctls(&optional) {
-        tracing::warn!("{e}");
-    }
+    pod.write_sysctls(&ipv6_sysctls_for(setup))?;
     for ip in &setup.result.ips {
         sock.add_address(setup.index, ip.address, !setup.dad).await?;
     }
@@ -214,8 +217,7 @@ mod tests {
         assert_eq!(routes[2].mtu, Some(4000));
         let rules = rules_for(&setup);
         assert_eq!(rules, vec![RuleSpec { src: "198.18.1.5/32".parse().unwrap(), table: 101, priority: 1000 }]);
-        let keys: Vec<String> = sysctls_for(&setup).iter().map(|(k, v)| format!("{}={v}", k.display())).collect();
-        assert!(keys.contains(&"net/ipv4/conf/net1/arp_ignore=1".to_string()), "{keys:?}");
-        assert!(keys.contains(&"net/ipv4/conf/net1/rp_filter=2".to_string()));
+        assert_eq!(ipv4_conf(setup.multi_rail_table.is_some()), Ipv4Conf { arp_notify: 1, arp_ignore: 1, arp_announce: 2, rp_filter: 2 });
+        assert!(ipv6_sysctls_for(&setup).is_empty(), "no IPv6 address, no namespace switch");
     }
 }

@@ -11,7 +11,8 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoMacVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
+    AfSpecInet, AfSpecUnspec, InetDevConf, InfoData, InfoKind, InfoMacVlan, LinkAttribute, LinkFlags, LinkInfo,
+    LinkMessage, MacVlanMode,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope, RouteType,
@@ -178,10 +179,37 @@ pub struct NewMacvlan<'a> {
     pub netns: Option<&'a Netns>,
 }
 
+/// Per-interface IPv4 settings (`net.ipv4.conf.<if>.*`), set over netlink (`IFLA_INET_CONF`)
+/// instead of /proc/sys: no namespace switch needed. Zero means "leave as is".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ipv4Conf {
+    pub arp_notify: i32,
+    pub arp_ignore: i32,
+    pub arp_announce: i32,
+    pub rp_filter: i32,
+}
+
+impl Ipv4Conf {
+    pub fn is_empty(&self) -> bool {
+        *self == Ipv4Conf::default()
+    }
+
+    fn to_nl(self) -> InetDevConf {
+        let mut c = InetDevConf::default();
+        c.arp_notify = self.arp_notify;
+        c.arp_ignore = self.arp_ignore;
+        c.arp_announce = self.arp_announce;
+        c.rp_filter = self.rp_filter;
+        c
+    }
+}
+
 /// Changes to an existing link, applied in one RTM_SETLINK.
 #[derive(Clone, Debug, Default)]
 pub struct LinkChange<'a> {
     pub name: Option<&'a str>,
+    /// IPv4 interface settings (the kernel applies them after name, MTU, MAC and flags).
+    pub ipv4_conf: Option<Ipv4Conf>,
     pub mtu: Option<u32>,
     pub mac: Option<[u8; 6]>,
     pub up: Option<bool>,
@@ -379,6 +407,11 @@ impl LinkSocket {
         }
         if let Some(ns) = c.netns {
             b = b.setns_by_fd(ns.raw_fd());
+        }
+        if let Some(conf) = c.ipv4_conf.filter(|c| !c.is_empty()) {
+            b = b.append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+                AfSpecInet::DevConfRequest(conf.to_nl()),
+            ])]));
         }
         self.ack(&format!("set link #{index}"), RouteNetlinkMessage::SetLink(b.build()), 0).await
     }

@@ -1,9 +1,13 @@
 //! plexus-macvlan: a macvlan on a RoCE-capable parent for the pod (shared RDMA mode).
 //!
-//! ADD: resolve the master and MTU → check CNI_IFNAME is free in the pod → create the macvlan
-//! straight inside the pod namespace under a temporary name → rename → IPAM ADD → sysctls,
-//! addresses (no DAD unless asked), up, routes (multi-rail: own table + source rules) →
-//! device-info → result. Any failure after the link exists undoes IPAM and the link.
+//! ADD: resolve the master and MTU → start IPAM ADD → create the macvlan straight inside the pod
+//! namespace under a temporary name → rename to CNI_IFNAME with the IPv4 settings (arp_notify;
+//! multi-rail ARP and rp_filter) — a taken name fails here → collect the IPAM result → IPv6
+//! settings, addresses (no DAD unless asked), up, routes (multi-rail: own table + source rules) →
+//! device-info → result. Any failure after IPAM started or the link exists undoes both.
+//!
+//! IPAM runs concurrently with link creation (its process start-up overlaps our netlink work);
+//! only `dhcp`, which talks on the interface, waits for the renamed link, as in the reference.
 
 mod conf;
 
@@ -11,7 +15,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::process::ExitCode;
 
 use conf::MacvlanConf;
-use plexus_cni::delegate;
+use plexus_cni::delegate::{self, IpamStep};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_pci, write_device_info};
@@ -33,17 +37,12 @@ impl Plugin for Macvlan {
         let mac = conf.mac(req)?;
         let device_info = MacvlanConf::device_info_file(req)?;
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
-        let ifname = req.env.ifname.as_str();
         configure::runtime()?.block_on(async {
             let node = LinkSocket::current()?;
             let pod_sock = LinkSocket::open(&pod)?;
             let master_sock = if conf.link_in_container { &pod_sock } else { &node };
             let master = find_master(master_sock, &conf).await?;
             let mtu = conf.mtu(&master.name, master.mtu)?;
-            if pod_sock.link(ifname).await?.is_some() {
-                return Err(Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
-                    .with_details(format!("netns {}", pod.path().display())));
-            }
             let spec = NewMacvlan {
                 name: "",
                 parent_index: master.index,
@@ -53,11 +52,17 @@ impl Plugin for Macvlan {
                 bcqueuelen: conf.bcqueuelen,
                 netns: (!conf.link_in_container).then_some(&pod),
             };
-            let link = create_under_temp_name(master_sock, &pod_sock, &spec).await?;
-            let mut ipam_ran = false;
-            let attached = attach(req, &conf, &pod, &pod_sock, &link, &master, &mut ipam_ran).await;
+            let mut ipam = IpamStep::start_early(&req.env, &req.config)?;
+            let link = match create_under_temp_name(master_sock, &pod_sock, &spec).await {
+                Ok(link) => link,
+                Err(e) => {
+                    ipam.roll_back(&req.env, &req.config);
+                    return Err(e);
+                }
+            };
+            let attached = attach(req, &conf, &pod, &pod_sock, &link, &master, &mut ipam).await;
             if attached.is_err() {
-                undo_add(req, &pod_sock, &link, ipam_ran).await;
+                undo_add(req, &conf, &pod_sock, &link, ipam).await;
             }
             let result = attached?;
             if let Some(path) = device_info {
@@ -163,19 +168,25 @@ async fn attach(
     sock: &LinkSocket,
     link: &Link,
     master: &Link,
-    ipam_ran: &mut bool,
+    ipam: &mut IpamStep,
 ) -> Result<CniResult, Error> {
     let ifname = req.env.ifname.as_str();
-    sock.set_link(link.index, &LinkChange { name: Some(ifname), ..Default::default() })
-        .await
-        .map_err(|e| Error::from(e).context(format!("rename {} to {ifname}", link.name)))?;
-    let mut result = match req.config.ipam_type() {
-        Some(ipam) => {
-            *ipam_ran = true;
-            delegate::exec(ipam, Command::Add, &req.env, &req.config.to_value())?.unwrap_or_default()
-        }
-        None => CniResult::default(),
+    // The final name and the IPv4 settings in one request. A name already taken in the pod fails
+    // here (EEXIST) and leaves that link untouched; the spec requires ADD to fail then.
+    let rename = LinkChange {
+        name: Some(ifname),
+        ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)),
+        ..Default::default()
     };
+    sock.set_link(link.index, &rename).await.map_err(|e| {
+        if e.is_exists() {
+            Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
+                .with_details(format!("netns {}", pod.path().display()))
+        } else {
+            Error::from(e).context(format!("rename {} to {ifname}", link.name))
+        }
+    })?;
+    let mut result = ipam.result(&req.env, &req.config)?;
     for ip in &mut result.ips {
         ip.interface = Some(0);
     }
@@ -203,15 +214,12 @@ async fn attach(
 
 /// Roll back a failed ADD: release the address, remove the link (its routes go with it) and the
 /// multi-rail rules.
-async fn undo_add(req: &Request, sock: &LinkSocket, link: &Link, ipam_ran: bool) {
-    if ipam_ran && let Err(e) = forward_to_ipam(req, Command::Del) {
-        tracing::error!("rollback: IPAM DEL failed: {e}");
-    }
+async fn undo_add(req: &Request, conf: &MacvlanConf, sock: &LinkSocket, link: &Link, ipam: IpamStep) {
+    ipam.roll_back(&req.env, &req.config);
     if let Err(e) = sock.delete_link(link.index).await {
         tracing::error!("rollback: delete link: {e}");
     }
-    if let Ok(conf) = MacvlanConf::load(req)
-        && let Some(table) = conf.rail_table(&req.env.ifname)
+    if let Some(table) = conf.rail_table(&req.env.ifname)
         && let Err(e) = configure::remove_rules(sock, table).await
     {
         tracing::error!("rollback: remove rules: {e}");

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds the binaries plexus ships: release profile, statically linked against glibc, so they
+# start fast (no dynamic loader work: ~0.3 ms of every invocation) and run on any host they are
+# copied to, like the Go reference plugins. Prints the directory holding them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+host=$(rustc -vV | sed -n 's/^host: //p')
+# --target keeps RUSTFLAGS off build scripts and proc-macros, which cannot be static.
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+  cargo build --release --locked --workspace --bins --target "$host" >&2
+echo "$(pwd)/target/$host/release"
