@@ -21,7 +21,11 @@ fn static_ipam() -> Value {
 }
 
 fn run(lab: &Lab, bin: &Path, verb: &str, pod: &Netns, ifname: &str, c: &Value) -> Outcome {
-    PluginRun::new(bin, verb).attachment("ctr1", &pod.path(), ifname, REFERENCE_CNI_DIR).stdin(c).in_netns(&lab.node).run()
+    PluginRun::new(bin, verb)
+        .attachment("ctr1", &pod.path(), ifname, REFERENCE_CNI_DIR)
+        .stdin(c)
+        .in_netns(&lab.node)
+        .run()
 }
 
 fn ours(lab: &Lab, verb: &str, c: &Value) -> Outcome {
@@ -75,7 +79,10 @@ fn add_with_reference_static_ipam_at_each_version() {
         let addrs: Vec<String> = lab.pod.addrs("net1").iter().map(|a| a.cidr()).collect();
         assert_eq!(addrs, ["198.18.0.10/24", "2001:db8:0:1::10/64"], "{version}");
         let routes = lab.pod.routes();
-        assert!(routes.iter().any(|r| r.dst == "198.19.0.0/16" && r.gateway.as_deref() == Some("198.18.0.1")), "{routes:?}");
+        assert!(
+            routes.iter().any(|r| r.dst == "198.19.0.0/16" && r.gateway.as_deref() == Some("198.18.0.1")),
+            "{routes:?}"
+        );
         assert!(routes.iter().any(|r| r.dst == "2001:db8:ff::/48" && r.gateway.as_deref() == Some("2001:db8:0:1::fe")));
         assert!(ours(&lab, "DEL", &c).success());
         assert_pod_clean(&lab.pod);
@@ -144,7 +151,11 @@ fn bad_input_fails_with_its_code_and_leaves_nothing() {
         (conf("1.0.0", json!({"mtu": "big"})), 7, "invalid network config: mtu: invalid type"),
         (conf("1.0.0", json!({"mac": "zz:00:00:00:00:01"})), 7, "invalid mac \"zz:00:00:00:00:01\""),
         (conf("1.0.0", json!({"ipam": {"type": "no-such-ipam"}})), 100, "failed to find plugin \"no-such-ipam\""),
-        (conf("1.0.0", json!({"ipam": {"type": "static", "addresses": [{"address": "bad"}]}})), 999, "the 'address' field"),
+        (
+            conf("1.0.0", json!({"ipam": {"type": "static", "addresses": [{"address": "bad"}]}})),
+            999,
+            "the 'address' field",
+        ),
     ];
     for (c, code, msg) in cases {
         let (got_code, got_msg, _) = ours(&lab, "ADD", &c).error();
@@ -364,7 +375,81 @@ fn device_info_names_the_parents_pci_address_and_rdma_device_from_a_fake_sysfs()
         .run();
     assert!(out.success(), "{}", out.stdout);
     let doc: Value = serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
-    assert_eq!(doc, json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": "0000:3b:00.1", "rdma-device": "mlx5_1"}}));
+    assert_eq!(
+        doc,
+        json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": "0000:3b:00.1", "rdma-device": "mlx5_1"}})
+    );
     assert!(ours(&lab, "DEL", &c).success());
     assert!(!info.exists(), "DEL removes the device-info file");
+}
+
+#[test]
+fn link_in_container_uses_a_master_inside_the_pod_namespace() {
+    let lab = lab();
+    lab.pod.ip(&["link", "add", "pmaster", "mtu", "4000", "type", "veth", "peer", "name", "ppeer"]);
+    lab.pod.ip(&["link", "set", "pmaster", "up"]);
+    let c = conf("1.0.0", json!({"master": "pmaster", "linkInContainer": true}));
+    let r = ours(&lab, "ADD", &c).result();
+    let link = lab.pod.link("net1").unwrap();
+    assert_eq!(link.mtu, 4000, "the in-pod master's MTU");
+    assert_eq!(link.link.as_deref(), Some("pmaster"));
+    assert_eq!(r["interfaces"][0]["mtu"], 4000);
+    assert!(ours(&lab, "DEL", &c).success());
+    assert!(lab.pod.link("net1").is_none());
+    // The master is looked up in the pod, not the node: nic0 is not there.
+    let (code, msg, _) = ours(&lab, "ADD", &conf("1.0.0", json!({"linkInContainer": true}))).error();
+    assert_eq!((code, msg.as_str()), (7, "master interface \"nic0\" not found"));
+}
+
+#[test]
+fn bcqueuelen_dns_and_the_ips_capability_reach_the_kernel_and_the_result() {
+    let lab = lab();
+    let c = conf(
+        "1.0.0",
+        json!({"bcqueuelen": 123, "dns": {"nameservers": ["198.18.0.53"], "search": ["rail.example"]},
+               "capabilities": {"ips": true}, "runtimeConfig": {"ips": ["198.18.0.44/24"]},
+               "ipam": {"type": "static"}}),
+    );
+    let r = ours(&lab, "ADD", &c).result();
+    let link = lab.pod.link("net1").unwrap();
+    assert_eq!(link.linkinfo.as_ref().unwrap()["info_data"]["bcqueuelen"], 123);
+    assert_eq!(r["dns"], json!({"nameservers": ["198.18.0.53"], "search": ["rail.example"]}));
+    assert_eq!(r["ips"][0]["address"], "198.18.0.44/24", "runtimeConfig.ips reached the IPAM plugin");
+    assert_eq!(lab.pod.addrs("net1")[0].cidr(), "198.18.0.44/24");
+}
+
+#[test]
+fn check_status_and_gc_are_forwarded_to_the_ipam_plugin() {
+    use std::os::unix::fs::PermissionsExt;
+    let lab = lab();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls");
+    let spy = dir.path().join("spy-ipam");
+    std::fs::write(
+        &spy,
+        format!(
+            "#!/bin/sh\necho \"$CNI_COMMAND\" >> {log}\ncat > /dev/null\n[ \"$CNI_COMMAND\" = ADD ] && echo '{{\"cniVersion\":\"1.1.0\",\"ips\":[{{\"address\":\"198.18.0.61/24\"}}]}}'\nexit 0\n",
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&spy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let c = conf("1.1.0", json!({"ipam": {"type": "spy-ipam"}}));
+    let add = PluginRun::new(plugin_bin(PLUGIN), "ADD").attachment("ctr1", &lab.pod.path(), "net1", path).stdin(&c);
+    let mut with_prev = c.clone();
+    with_prev["prevResult"] = add.in_netns(&lab.node).run().result();
+    let check = PluginRun::new(plugin_bin(PLUGIN), "CHECK")
+        .attachment("ctr1", &lab.pod.path(), "net1", path)
+        .stdin(&with_prev)
+        .in_netns(&lab.node)
+        .run();
+    assert!(check.success(), "{}", check.stdout);
+    for verb in ["STATUS", "GC"] {
+        let out = PluginRun::new(plugin_bin(PLUGIN), verb).env("CNI_PATH", path).stdin(&c).in_netns(&lab.node).run();
+        assert!(out.success(), "{verb}: {}", out.stdout);
+    }
+    let del = PluginRun::new(plugin_bin(PLUGIN), "DEL").attachment("ctr1", &lab.pod.path(), "net1", path).stdin(&c);
+    assert!(del.in_netns(&lab.node).run().success());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "ADD\nCHECK\nSTATUS\nGC\nDEL\n");
 }

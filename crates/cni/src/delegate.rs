@@ -79,8 +79,11 @@ impl Running {
             return Ok(None);
         }
         CniResult::parse(&out.stdout).map(Some).map_err(|e| {
-            Error::new(code::DELEGATE_FAILED, format!("plugin {plugin_type:?} returned an unreadable result: {}", e.msg))
-                .with_details(excerpt(&out.stdout))
+            Error::new(
+                code::DELEGATE_FAILED,
+                format!("plugin {plugin_type:?} returned an unreadable result: {}", e.msg),
+            )
+            .with_details(excerpt(&out.stdout))
         })
     }
 }

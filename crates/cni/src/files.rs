@@ -49,9 +49,7 @@ pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 /// Remove `path`; a file that is already gone is success.
 pub fn remove_if_present(path: &Path) -> Result<(), Error> {
     match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(Error::io(format!("remove {}: {e}", path.display())))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!("remove {}: {e}", path.display()))),
         _ => Ok(()),
     }
 }

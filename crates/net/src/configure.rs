@@ -217,7 +217,10 @@ mod tests {
         assert_eq!(routes[2].mtu, Some(4000));
         let rules = rules_for(&setup);
         assert_eq!(rules, vec![RuleSpec { src: "198.18.1.5/32".parse().unwrap(), table: 101, priority: 1000 }]);
-        assert_eq!(ipv4_conf(setup.multi_rail_table.is_some()), Ipv4Conf { arp_notify: 1, arp_ignore: 1, arp_announce: 2, rp_filter: 2 });
+        assert_eq!(
+            ipv4_conf(setup.multi_rail_table.is_some()),
+            Ipv4Conf { arp_notify: 1, arp_ignore: 1, arp_announce: 2, rp_filter: 2 }
+        );
         assert!(ipv6_sysctls_for(&setup).is_empty(), "no IPv6 address, no namespace switch");
     }
 }

@@ -295,9 +295,7 @@ impl LinkSocket {
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = flags;
         let mut handle = self.handle.clone();
-        let mut replies = handle
-            .request(req)
-            .map_err(|e| NetError::Protocol { op: op.into(), msg: e.to_string() })?;
+        let mut replies = handle.request(req).map_err(|e| NetError::Protocol { op: op.into(), msg: e.to_string() })?;
         let mut out = Vec::new();
         while let Some(reply) = replies.next().await {
             match reply.payload {

@@ -65,10 +65,10 @@ impl MacvlanConf {
     pub fn mtu(&self, master: &str, master_mtu: u32) -> Result<u32, Error> {
         match self.mtu {
             None | Some(0) => Ok(master_mtu),
-            Some(m) if m > master_mtu => Err(Error::invalid_config(format!(
-                "invalid MTU {m}, must be [0, master MTU({master_mtu})]"
-            ))
-            .with_details(format!("\"mtu\" {m} is larger than the MTU {master_mtu} of master {master:?}"))),
+            Some(m) if m > master_mtu => {
+                Err(Error::invalid_config(format!("invalid MTU {m}, must be [0, master MTU({master_mtu})]"))
+                    .with_details(format!("\"mtu\" {m} is larger than the MTU {master_mtu} of master {master:?}")))
+            }
             Some(m) => Ok(m),
         }
     }

@@ -68,7 +68,9 @@ impl Plugin for Macvlan {
             if let Some(path) = device_info {
                 match device_info_pci(&Sysfs::from_env().netdev_hardware(&master.name)) {
                     Some(doc) => write_device_info(&path, &doc)?,
-                    None => tracing::info!(master = %master.name, "no PCI device behind the master: no device-info written"),
+                    None => {
+                        tracing::info!(master = %master.name, "no PCI device behind the master: no device-info written")
+                    }
                 }
             }
             Ok(result)
@@ -90,10 +92,9 @@ impl Plugin for Macvlan {
 
     fn check(&self, req: &Request) -> Result<(), Error> {
         let conf = MacvlanConf::load(req)?;
-        let prev = req
-            .config
-            .prev_result()?
-            .ok_or_else(|| Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult"))?;
+        let prev = req.config.prev_result()?.ok_or_else(|| {
+            Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult")
+        })?;
         forward_to_ipam(req, Command::Check)?;
         let pod = Netns::open(req.netns().expect("CHECK has CNI_NETNS"))?;
         configure::runtime()?.block_on(check_attachment(req, &conf, &prev, &pod))
@@ -173,11 +174,8 @@ async fn attach(
     let ifname = req.env.ifname.as_str();
     // The final name and the IPv4 settings in one request. A name already taken in the pod fails
     // here (EEXIST) and leaves that link untouched; the spec requires ADD to fail then.
-    let rename = LinkChange {
-        name: Some(ifname),
-        ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)),
-        ..Default::default()
-    };
+    let rename =
+        LinkChange { name: Some(ifname), ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)), ..Default::default() };
     sock.set_link(link.index, &rename).await.map_err(|e| {
         if e.is_exists() {
             Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
@@ -278,7 +276,8 @@ async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, p
         .ok_or_else(|| failed(format!("prevResult has no interface {ifname:?} in {sandbox}")))?;
     let node = LinkSocket::current()?;
     let sock = LinkSocket::open(pod)?;
-    let link = sock.link(ifname).await?.ok_or_else(|| failed(format!("interface {ifname:?} not found in {sandbox}")))?;
+    let link =
+        sock.link(ifname).await?.ok_or_else(|| failed(format!("interface {ifname:?} not found in {sandbox}")))?;
     if link.kind.as_deref() != Some("macvlan") {
         return Err(failed(format!("{ifname} is a {:?} link, not a macvlan", link.kind.unwrap_or_default())));
     }
