@@ -42,6 +42,12 @@ pub mod code {
     pub const IFNAME_TAKEN: u32 = 103;
     /// CHECK: the attachment is not as ADD left it (names what differs).
     pub const CHECK_FAILED: u32 = 104;
+    /// IPAM: no free address left in a range.
+    pub const IPAM_EXHAUSTED: u32 = 110;
+    /// IPAM: a requested address is held by another attachment.
+    pub const IPAM_ADDRESS_IN_USE: u32 = 111;
+    /// IPAM: a requested address is outside every range.
+    pub const IPAM_ADDRESS_OUTSIDE: u32 = 112;
 
     /// An unexpected internal failure (libcni `ErrInternal`).
     pub const INTERNAL: u32 = 999;

@@ -49,6 +49,8 @@ pub struct IfaceSetup<'a> {
     pub dad: bool,
     /// Multi-rail: the interface's own routing table.
     pub multi_rail_table: Option<u32>,
+    /// The link is up already (an L2-only attachment goes up with its rename: nothing to wait for).
+    pub is_up: bool,
 }
 
 /// The IPv4 settings an interface gets. The caller applies them in the same RTM_SETLINK that
@@ -136,7 +138,9 @@ pub async fn configure(pod: &Netns, sock: &LinkSocket, setup: &IfaceSetup<'_>) -
     for ip in &setup.result.ips {
         sock.add_address(setup.index, ip.address, !setup.dad).await?;
     }
-    sock.set_link(setup.index, &LinkChange { up: Some(true), ..Default::default() }).await?;
+    if !setup.is_up {
+        sock.set_link(setup.index, &LinkChange { up: Some(true), ..Default::default() }).await?;
+    }
     for route in routes_for(setup) {
         sock.add_route(&route).await?;
     }
@@ -207,7 +211,8 @@ mod tests {
             "ips": [{"address": "198.18.1.5/24", "gateway": "198.18.1.1"}],
             "routes": [{"dst": "198.19.0.0/16"}, {"dst": "198.20.0.0/16", "gw": "198.18.1.254", "mtu": 4000}]}))
         .unwrap();
-        let setup = IfaceSetup { ifname: "net1", index: 7, result: &result, dad: false, multi_rail_table: Some(101) };
+        let setup =
+            IfaceSetup { ifname: "net1", index: 7, result: &result, dad: false, multi_rail_table: Some(101), is_up: false };
         let routes = routes_for(&setup);
         assert_eq!(routes.len(), 3);
         assert_eq!(routes[0].dst.to_string(), "198.18.1.0/24");

@@ -174,8 +174,14 @@ async fn attach(
     let ifname = req.env.ifname.as_str();
     // The final name and the IPv4 settings in one request. A name already taken in the pod fails
     // here (EEXIST) and leaves that link untouched; the spec requires ADD to fail then.
-    let rename =
-        LinkChange { name: Some(ifname), ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)), ..Default::default() };
+    // L2 only: nothing comes between the rename and link-up, so they are one request.
+    let l2_only = matches!(ipam, IpamStep::None);
+    let rename = LinkChange {
+        name: Some(ifname),
+        ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)),
+        up: l2_only.then_some(true),
+        ..Default::default()
+    };
     sock.set_link(link.index, &rename).await.map_err(|e| {
         if e.is_exists() {
             Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
@@ -194,6 +200,7 @@ async fn attach(
         result: &result,
         dad: conf.dad,
         multi_rail_table: conf.rail_table(ifname),
+        is_up: l2_only,
     };
     configure::configure(pod, sock, &setup).await.map_err(|e| Error::from(e).context(format!("configure {ifname}")))?;
     tracing::debug!(ifname, master = %master.name, "attached");

@@ -1,0 +1,249 @@
+//! The plexus-ipam configuration: whereabouts' keys with the same meaning, plus `store`,
+//! `dataDir` and `nodeName`.
+
+use std::path::PathBuf;
+
+use plexus_cni::{Dns, NetConf, Route};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::IpamError;
+use crate::range::{IpRange, RangeSpec};
+
+/// Where the file store lives unless `dataDir` says otherwise.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/plexus-ipam";
+/// The allocation domain of ranges without `network_name`.
+pub const DEFAULT_DOMAIN: &str = "default";
+
+#[derive(Debug, Default, Deserialize)]
+struct RangeKeys {
+    #[serde(default)]
+    range: String,
+    #[serde(default)]
+    range_start: Option<String>,
+    #[serde(default)]
+    range_end: Option<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    #[serde(default)]
+    gateway: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Keys {
+    #[serde(flatten)]
+    top: RangeKeys,
+    #[serde(default)]
+    ip_ranges: Vec<RangeKeys>,
+    #[serde(default)]
+    routes: Vec<Route>,
+    #[serde(default)]
+    dns: Option<Dns>,
+    #[serde(default, rename = "network_name")]
+    network_name: Option<String>,
+    #[serde(default = "yes", rename = "enable_overlapping_ranges")]
+    enable_overlapping_ranges: bool,
+    #[serde(default)]
+    store: Option<Value>,
+    #[serde(default)]
+    data_dir: Option<PathBuf>,
+    #[serde(default)]
+    node_name: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The etcd store settings (`"store": {"etcd": {...}}`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdConfig {
+    pub endpoints: Vec<String>,
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    #[serde(default)]
+    pub tls: Option<EtcdTls>,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// Addresses a node reserves at a time.
+    #[serde(default = "default_block")]
+    pub block_size: u32,
+    /// Deadline of each etcd call, in milliseconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_prefix() -> String {
+    "/plexus-ipam".into()
+}
+fn default_block() -> u32 {
+    16
+}
+fn default_timeout() -> u64 {
+    2000
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdTls {
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
+
+/// Which store holds the allocations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreConfig {
+    File { data_dir: PathBuf },
+    Etcd(EtcdConfig),
+}
+
+/// The parsed IPAM configuration of one network.
+#[derive(Clone, Debug)]
+pub struct IpamConfig {
+    /// The CNI network name (recorded with each allocation; GC and DEL stay within it).
+    pub network: String,
+    /// The allocation domain: `network_name`, or the shared default. An address is given at
+    /// most once per domain (per range, with `enable_overlapping_ranges: false`).
+    pub domain: String,
+    pub overlapping: bool,
+    pub ranges: Vec<IpRange>,
+    pub routes: Vec<Route>,
+    pub dns: Dns,
+    pub store: StoreConfig,
+    pub node: String,
+}
+
+fn name_ok(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && c.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && s.len() <= 253
+}
+
+impl IpamConfig {
+    pub fn from_netconf(conf: &NetConf) -> Result<IpamConfig, IpamError> {
+        let ipam = conf.ipam.as_ref().ok_or_else(|| IpamError::Config("missing \"ipam\" section".into()))?;
+        let keys: Keys = serde_json::from_value(Value::Object(ipam.extra.clone()))
+            .map_err(|e| IpamError::Config(format!("invalid ipam config: {e}")))?;
+        let mut specs = Vec::new();
+        if !keys.top.range.is_empty() {
+            specs.push(&keys.top);
+        }
+        specs.extend(keys.ip_ranges.iter());
+        if specs.is_empty() {
+            return Err(IpamError::Config("ipam needs \"range\" or \"ipRanges\"".into()));
+        }
+        let mut ranges = Vec::new();
+        for k in specs {
+            if k.range.is_empty() {
+                return Err(IpamError::Config("every ipRanges entry needs \"range\"".into()));
+            }
+            // An entry without its own gateway inherits the top-level one of the same family.
+            let is_v6 = k.range.contains(':');
+            let inherited = keys.top.gateway.as_deref().filter(|g| g.contains(':') == is_v6);
+            ranges.push(IpRange::parse(&RangeSpec {
+                range: &k.range,
+                range_start: k.range_start.as_deref(),
+                range_end: k.range_end.as_deref(),
+                exclude: &k.exclude,
+                gateway: k.gateway.as_deref().or(inherited),
+            })?);
+        }
+        let domain = match keys.network_name.as_deref().filter(|n| !n.is_empty()) {
+            Some(n) if name_ok(n) => n.to_string(),
+            Some(n) => return Err(IpamError::Config(format!("invalid network_name {n:?}: letters, digits, '.', '-', '_' only"))),
+            None => DEFAULT_DOMAIN.into(),
+        };
+        let store = parse_store(keys.store.as_ref(), keys.data_dir)?;
+        let node = match keys.node_name {
+            Some(n) if name_ok(&n) => n,
+            Some(n) => return Err(IpamError::Config(format!("invalid nodeName {n:?}"))),
+            None => host_name(),
+        };
+        Ok(IpamConfig {
+            network: conf.name.clone(),
+            domain,
+            overlapping: keys.enable_overlapping_ranges,
+            ranges,
+            routes: keys.routes,
+            dns: keys.dns.unwrap_or_default(),
+            store,
+            node,
+        })
+    }
+}
+
+fn parse_store(v: Option<&Value>, data_dir: Option<PathBuf>) -> Result<StoreConfig, IpamError> {
+    let file = |dir: Option<PathBuf>| StoreConfig::File { data_dir: dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into()) };
+    match v {
+        None => Ok(file(data_dir)),
+        Some(Value::String(s)) if s == "file" => Ok(file(data_dir)),
+        Some(Value::Object(m)) if m.len() == 1 && m.contains_key("file") => {
+            let dir = m["file"].get("dataDir").and_then(Value::as_str).map(PathBuf::from).or(data_dir);
+            Ok(file(dir))
+        }
+        Some(Value::Object(m)) if m.len() == 1 && m.contains_key("etcd") => {
+            let etcd: EtcdConfig = serde_json::from_value(m["etcd"].clone())
+                .map_err(|e| IpamError::Config(format!("invalid store.etcd: {e}")))?;
+            if etcd.endpoints.is_empty() {
+                return Err(IpamError::Config("store.etcd.endpoints is empty".into()));
+            }
+            if etcd.block_size == 0 {
+                return Err(IpamError::Config("store.etcd.blockSize must be at least 1".into()));
+            }
+            Ok(StoreConfig::Etcd(etcd))
+        }
+        Some(other) => Err(IpamError::Config(format!(
+            "unknown store {other}: use \"file\", {{\"file\": {{\"dataDir\": ...}}}} or {{\"etcd\": {{...}}}}"
+        ))),
+    }
+}
+
+/// This node's name: the kernel's host name (nodes are named after their hosts).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn conf(ipam: Value) -> Result<IpamConfig, IpamError> {
+        let nc: NetConf = serde_json::from_value(json!({"cniVersion": "1.1.0", "name": "rail0", "ipam": ipam})).unwrap();
+        IpamConfig::from_netconf(&nc)
+    }
+
+    #[test]
+    fn whereabouts_keys_build_ranges_for_dual_stack() {
+        let c = conf(json!({"type": "plexus-ipam", "range": "198.18.0.0/24", "gateway": "198.18.0.1",
+            "ipRanges": [{"range": "2001:db8::/64", "exclude": ["2001:db8::/120"]}], "nodeName": "n1"}))
+        .unwrap();
+        assert_eq!(c.ranges.len(), 2);
+        assert_eq!(c.ranges[0].gateway.unwrap().to_string(), "198.18.0.1");
+        assert_eq!(c.ranges[1].gateway, None, "an IPv4 gateway is not an IPv6 range's");
+        assert_eq!((c.domain.as_str(), c.overlapping, c.node.as_str()), ("default", true, "n1"));
+        assert_eq!(c.store, StoreConfig::File { data_dir: DEFAULT_DATA_DIR.into() });
+    }
+
+    #[test]
+    fn stores_parse_and_unknown_ones_are_refused_by_name() {
+        let c = conf(json!({"range": "198.18.0.0/24", "store": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}})).unwrap();
+        assert!(matches!(c.store, StoreConfig::Etcd(ref e) if e.block_size == 16 && e.prefix == "/plexus-ipam"));
+        let c = conf(json!({"range": "198.18.0.0/24", "store": {"file": {"dataDir": "/tmp/x"}}})).unwrap();
+        assert_eq!(c.store, StoreConfig::File { data_dir: "/tmp/x".into() });
+        let e = conf(json!({"range": "198.18.0.0/24", "store": "redis"})).unwrap_err();
+        assert!(e.to_string().contains("unknown store \"redis\""), "{e}");
+        let e = conf(json!({"range": "198.18.0.0/24", "network_name": "../x"})).unwrap_err();
+        assert!(e.to_string().contains("invalid network_name \"../x\""), "{e}");
+        assert!(conf(json!({"type": "plexus-ipam"})).is_err());
+    }
+}

@@ -1,0 +1,322 @@
+//! The node-local file store (default): one directory per allocation domain under `dataDir`.
+//!
+//! ```text
+//! <dataDir>/<domain>/lock                  flock held for every operation
+//! <dataDir>/<domain>/ips/<key>             one file per allocated address: the reservation
+//! <dataDir>/<domain>/attachments/<cid>=<ifname>   the attachment's record: what it holds
+//! <dataDir>/<domain>/pods/<ns>=<pod>=<ifname>     the record key of a pod's interface
+//! <dataDir>/<domain>/cursors/<range>       next-fit cursor (a hint)
+//! <dataDir>/<domain>/tmp/                  temp files; emptied under the lock
+//! ```
+//!
+//! ADD writes the record first (atomic rename), then links the address files into place, all
+//! under the lock: a `kill -9` at any point leaves no address held without a record (no leak),
+//! and a record's address whose file is missing is re-reserved or replaced by the next ADD of the
+//! same attachment (no duplicate: an address is held only through its file, created with
+//! `link(2)`, which fails when it exists). Per-operation cost does not grow with the pool.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use plexus_cni::files;
+use serde::{Deserialize, Serialize};
+
+use super::{AllocRequest, Allocation, Candidates, Owner, Store};
+use crate::error::IpamError;
+use crate::range::IpRange;
+
+#[derive(Debug)]
+pub struct FileStore {
+    dir: PathBuf,
+}
+
+/// What `attachments/<cid>=<ifname>` holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    owner: Owner,
+    ips: Vec<Held>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Held {
+    ip: IpAddr,
+    range: String,
+}
+
+fn store_err(what: &str, path: &Path, e: std::io::Error) -> IpamError {
+    IpamError::Store(format!("{what} {}: {e}", path.display()))
+}
+
+fn file_safe(s: &str) -> String {
+    s.replace('/', "_")
+}
+
+/// A name safe as one path component (container IDs and ifnames are validated by the entry
+/// point; pod namespaces and names come from CNI_ARGS and are checked here).
+fn component_ok(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\0']) && s.len() <= 253
+}
+
+impl FileStore {
+    /// The store of `domain` under `data_dir` (created 0700 where missing).
+    pub fn open(data_dir: &Path, domain: &str) -> Result<FileStore, IpamError> {
+        if !component_ok(domain) {
+            return Err(IpamError::Config(format!("invalid allocation domain {domain:?}")));
+        }
+        let dir = data_dir.join(domain);
+        for sub in ["ips", "attachments", "pods", "cursors", "tmp"] {
+            files::ensure_private_dir(&dir.join(sub)).map_err(|e| IpamError::Store(e.msg))?;
+        }
+        Ok(FileStore { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Take the domain lock; leftovers of killed processes in tmp/ are removed.
+    fn lock(&self) -> Result<File, IpamError> {
+        let path = self.dir.join("lock");
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| store_err("open", &path, e))?;
+        f.lock().map_err(|e| store_err("lock", &path, e))?;
+        if let Ok(entries) = fs::read_dir(self.dir.join("tmp")) {
+            for e in entries.flatten() {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        Ok(f)
+    }
+
+    fn record_path(&self, container_id: &str, ifname: &str) -> PathBuf {
+        self.dir.join("attachments").join(format!("{container_id}={ifname}"))
+    }
+
+    fn pod_path(&self, owner: &Owner) -> Option<PathBuf> {
+        let (ns, name) = owner.pod_ref.as_deref()?.split_once('/')?;
+        (component_ok(ns) && component_ok(name)).then(|| self.dir.join("pods").join(format!("{ns}={name}={}", owner.ifname)))
+    }
+
+    fn ip_key(ip: IpAddr, range: &str, overlapping: bool) -> String {
+        if overlapping { ip.to_string() } else { format!("{}={ip}", file_safe(range)) }
+    }
+
+    fn ip_path(&self, key: &str) -> PathBuf {
+        self.dir.join("ips").join(key)
+    }
+
+    fn read_record(&self, path: &Path) -> Result<Option<Record>, IpamError> {
+        match fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| IpamError::Store(format!("corrupt record {}: {e}", path.display()))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(store_err("read", path, e)),
+        }
+    }
+
+    fn write_record(&self, path: &Path, record: &Record) -> Result<(), IpamError> {
+        let bytes = serde_json::to_vec(record).expect("record serializes");
+        files::write_private_atomic(path, &bytes).map_err(|e| IpamError::Store(e.msg))
+    }
+
+    /// Who holds address file `key` (its content is the holder's record name).
+    fn holder(&self, key: &str) -> Option<String> {
+        fs::read_to_string(self.ip_path(key)).ok()
+    }
+
+    /// Reserve address file `key` for `holder`: false when it is taken.
+    fn reserve(&self, key: &str, holder: &str) -> Result<bool, IpamError> {
+        let tmp = self.dir.join("tmp").join(format!("{key}.{}", std::process::id()));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| store_err("create", &tmp, e))?;
+        f.write_all(holder.as_bytes()).map_err(|e| store_err("write", &tmp, e))?;
+        drop(f);
+        let target = self.ip_path(key);
+        let linked = fs::hard_link(&tmp, &target);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(store_err("reserve", &target, e)),
+        }
+    }
+
+    fn cursor(&self, range: &IpRange) -> Option<u128> {
+        fs::read_to_string(self.dir.join("cursors").join(file_safe(&range.key()))).ok()?.trim().parse().ok()
+    }
+
+    fn set_cursor(&self, range: &IpRange, offset: u128) {
+        let path = self.dir.join("cursors").join(file_safe(&range.key()));
+        // A hint: losing it only moves next-fit back to the start.
+        let _ = files::write_private_atomic(&path, offset.to_string().as_bytes());
+    }
+
+    /// Pick an address for `range` that is not held: the requested one, or next-fit.
+    fn pick(&self, range: &IpRange, requested: Option<IpAddr>, me: &str, overlapping: bool) -> Result<IpAddr, IpamError> {
+        let key = range.key();
+        if let Some(ip) = requested {
+            return match self.holder(&Self::ip_key(ip, &key, overlapping)) {
+                Some(h) if h != me => Err(IpamError::InUse { ip, holder: h }),
+                _ => Ok(ip),
+            };
+        }
+        for offset in Candidates::after(range, self.cursor(range)) {
+            let ip = range.addr(offset);
+            if !self.ip_path(&Self::ip_key(ip, &key, overlapping)).exists() {
+                self.set_cursor(range, offset);
+                return Ok(ip);
+            }
+        }
+        Err(IpamError::Exhausted { range: range.key() })
+    }
+
+    fn release_locked(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
+        let me = format!("{container_id}={ifname}");
+        let path = self.record_path(container_id, ifname);
+        let Some(record) = self.read_record(&path)? else { return Ok(Vec::new()) };
+        let mut released = Vec::new();
+        for held in &record.ips {
+            for key in [held.ip.to_string(), format!("{}={}", file_safe(&held.range), held.ip)] {
+                if self.holder(&key).as_deref() == Some(me.as_str()) {
+                    let p = self.ip_path(&key);
+                    fs::remove_file(&p).or_else(not_found_ok).map_err(|e| store_err("release", &p, e))?;
+                }
+            }
+            released.push(Allocation { ip: held.ip, range: held.range.clone(), owner: record.owner.clone() });
+        }
+        if let Some(pod) = self.pod_path(&record.owner)
+            && fs::read_to_string(&pod).ok().as_deref() == Some(me.as_str())
+        {
+            let _ = fs::remove_file(pod);
+        }
+        fs::remove_file(&path).or_else(not_found_ok).map_err(|e| store_err("remove", &path, e))?;
+        Ok(released)
+    }
+}
+
+fn not_found_ok(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == ErrorKind::NotFound { Ok(()) } else { Err(e) }
+}
+
+impl Store for FileStore {
+    fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError> {
+        let _lock = self.lock()?;
+        let owner = &req.owner;
+        let me = format!("{}={}", owner.container_id, owner.ifname);
+        let record_path = self.record_path(&owner.container_id, &owner.ifname);
+        // What this attachment holds already: its own record, or — after a sandbox re-creation —
+        // the record of the same pod interface under its old container ID.
+        let mut previous = self.read_record(&record_path)?;
+        let mut moved_from = None;
+        if previous.is_none()
+            && let Some(pod) = self.pod_path(owner)
+            && let Ok(old) = fs::read_to_string(&pod)
+            && old != me
+            && let Some((cid, ifn)) = old.split_once('=')
+        {
+            let old_path = self.record_path(cid, ifn);
+            if let Some(rec) = self.read_record(&old_path)? {
+                previous = Some(rec);
+                moved_from = Some((old, old_path));
+            }
+        }
+        let prior_holder = moved_from.as_ref().map(|(k, _)| k.clone()).unwrap_or_else(|| me.clone());
+        let mut chosen = Vec::with_capacity(req.ranges.len());
+        for (i, range) in req.ranges.iter().enumerate() {
+            let key = range.key();
+            let kept = previous.as_ref().and_then(|r| r.ips.iter().find(|h| h.range == key)).map(|h| h.ip);
+            let ours_or_free = |ip: IpAddr| match self.holder(&Self::ip_key(ip, &key, req.overlapping)) {
+                None => true,
+                Some(h) => h == me || h == prior_holder,
+            };
+            let ip = match (req.requested[i], kept) {
+                (Some(want), Some(k)) if want == k && ours_or_free(k) => k,
+                (None, Some(k)) if ours_or_free(k) => k,
+                (requested, _) => self.pick(range, requested, &me, req.overlapping)?,
+            };
+            chosen.push(Held { ip, range: key });
+        }
+        // Intent first: the record names every address before any is linked into place.
+        self.write_record(&record_path, &Record { owner: owner.clone(), ips: chosen.clone() })?;
+        for held in &chosen {
+            let key = Self::ip_key(held.ip, &held.range, req.overlapping);
+            match self.holder(&key) {
+                Some(h) if h == me => {}
+                Some(h) if h == prior_holder => {
+                    // Hand the address over to the new container ID.
+                    let p = self.ip_path(&key);
+                    files::write_private_atomic(&p, me.as_bytes()).map_err(|e| IpamError::Store(e.msg))?;
+                }
+                Some(h) => return Err(IpamError::InUse { ip: held.ip, holder: h }),
+                None => {
+                    if !self.reserve(&key, &me)? {
+                        return Err(IpamError::Store(format!("address {} was taken under the lock", held.ip)));
+                    }
+                }
+            }
+        }
+        if let Some((_, old_path)) = moved_from {
+            let _ = fs::remove_file(old_path);
+        }
+        if let Some(pod) = self.pod_path(owner) {
+            files::write_private_atomic(&pod, me.as_bytes()).map_err(|e| IpamError::Store(e.msg))?;
+        }
+        Ok(chosen.into_iter().map(|h| h.ip).collect())
+    }
+
+    fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
+        let _lock = self.lock()?;
+        self.release_locked(container_id, ifname)
+    }
+
+    fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
+        let _lock = self.lock()?;
+        let me = format!("{container_id}={ifname}");
+        let Some(record) = self.read_record(&self.record_path(container_id, ifname))? else { return Ok(Vec::new()) };
+        Ok(record
+            .ips
+            .iter()
+            .filter(|h| {
+                [h.ip.to_string(), format!("{}={}", file_safe(&h.range), h.ip)]
+                    .iter()
+                    .any(|k| self.holder(k).as_deref() == Some(me.as_str()))
+            })
+            .map(|h| Allocation { ip: h.ip, range: h.range.clone(), owner: record.owner.clone() })
+            .collect())
+    }
+
+    fn list(&self) -> Result<Vec<Allocation>, IpamError> {
+        let _lock = self.lock()?;
+        let dir = self.dir.join("attachments");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(|e| store_err("list", &dir, e))?.flatten() {
+            if let Some(record) = self.read_record(&entry.path())? {
+                let me = format!("{}={}", record.owner.container_id, record.owner.ifname);
+                for h in &record.ips {
+                    let held = [h.ip.to_string(), format!("{}={}", file_safe(&h.range), h.ip)]
+                        .iter()
+                        .any(|k| self.holder(k).as_deref() == Some(me.as_str()));
+                    if held {
+                        out.push(Allocation { ip: h.ip, range: h.range.clone(), owner: record.owner.clone() });
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.ip.cmp(&b.ip));
+        Ok(out)
+    }
+}

@@ -1,0 +1,134 @@
+//! Stores hold the allocations. One trait, so the node-local file store, the etcd store and a
+//! Kubernetes store later answer the plugin the same way.
+
+pub mod file;
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::IpamError;
+use crate::range::IpRange;
+
+/// Who holds an allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+    /// `namespace/name` of the pod, when the runtime said (K8S_POD_NAMESPACE/K8S_POD_NAME).
+    #[serde(rename = "podRef", default, skip_serializing_if = "Option::is_none")]
+    pub pod_ref: Option<String>,
+    pub node: String,
+    /// The CNI network name the allocation was made for.
+    pub network: String,
+}
+
+impl Owner {
+    pub fn same_attachment(&self, container_id: &str, ifname: &str) -> bool {
+        self.container_id == container_id && self.ifname == ifname
+    }
+}
+
+/// One address held by one attachment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub ip: IpAddr,
+    /// The key of the range it came from ([`IpRange::key`]).
+    pub range: String,
+    #[serde(flatten)]
+    pub owner: Owner,
+}
+
+/// An ADD: one address from each range (`requested[i]` = a specific address for range `i`).
+#[derive(Clone, Debug)]
+pub struct AllocRequest<'a> {
+    pub owner: Owner,
+    pub ranges: &'a [IpRange],
+    pub requested: Vec<Option<IpAddr>>,
+    /// Whether the address is unique across every range of the domain (whereabouts'
+    /// `enable_overlapping_ranges`, default) or only within its range.
+    pub overlapping: bool,
+}
+
+pub trait Store {
+    /// One address per range for the owner; the same ones again when this attachment (or, after
+    /// a sandbox re-creation, this pod's interface) already holds them.
+    fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError>;
+    /// Release what (container ID, ifname) holds; nothing held is success.
+    fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError>;
+    /// What (container ID, ifname) holds.
+    fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError>;
+    /// Every allocation of the domain.
+    fn list(&self) -> Result<Vec<Allocation>, IpamError>;
+}
+
+/// The order in which next-fit tries offsets: after the cursor to the end, then from the start
+/// up to the cursor, stepping over excluded spans. A just-released address comes round last.
+pub struct Candidates<'a> {
+    range: &'a IpRange,
+    /// The two spans still to walk, in order (inclusive bounds).
+    spans: [Option<(u128, u128)>; 2],
+    span: usize,
+    next: Option<u128>,
+}
+
+impl<'a> Candidates<'a> {
+    /// Candidates after `cursor` (the offset handed out last), or from the start.
+    pub fn after(range: &'a IpRange, cursor: Option<u128>) -> Candidates<'a> {
+        let start = match cursor {
+            Some(c) if c >= range.first && c < range.last => c + 1,
+            _ => range.first,
+        };
+        let head = (start > range.first).then(|| (range.first, start - 1));
+        let spans = [Some((start, range.last)), head];
+        Candidates { range, spans, span: 0, next: Some(start) }
+    }
+}
+
+impl Iterator for Candidates<'_> {
+    type Item = u128;
+
+    fn next(&mut self) -> Option<u128> {
+        while self.span < 2 {
+            let Some((_, hi)) = self.spans[self.span] else {
+                self.span += 1;
+                continue;
+            };
+            match self.next.map(|n| self.range.skip_excluded(n)) {
+                Some(o) if o <= hi => {
+                    self.next = o.checked_add(1);
+                    return Some(o);
+                }
+                _ => {
+                    self.span += 1;
+                    self.next = self.spans.get(self.span).copied().flatten().map(|(lo, _)| lo);
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::range::RangeSpec;
+
+    fn range(r: &str, exclude: &[String]) -> IpRange {
+        IpRange::parse(&RangeSpec { range: r, exclude, ..Default::default() }).unwrap()
+    }
+
+    #[test]
+    fn candidates_visit_every_usable_offset_once_starting_after_the_cursor() {
+        let r = range("198.18.0.0/29", &["198.18.0.3".into()]); // usable 1..=6 minus 3
+        let all: Vec<u128> = Candidates::after(&r, None).collect();
+        assert_eq!(all, vec![1, 2, 4, 5, 6]);
+        let from4: Vec<u128> = Candidates::after(&r, Some(4)).collect();
+        assert_eq!(from4, vec![5, 6, 1, 2, 4]);
+        let from6: Vec<u128> = Candidates::after(&r, Some(6)).collect();
+        assert_eq!(from6, vec![1, 2, 4, 5, 6]);
+        let from2: Vec<u128> = Candidates::after(&r, Some(2)).collect();
+        assert_eq!(from2, vec![4, 5, 6, 1, 2]);
+    }
+}
