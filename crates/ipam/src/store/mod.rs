@@ -1,6 +1,7 @@
 //! Stores hold the allocations. One trait, so the node-local file store, the etcd store and a
 //! Kubernetes store later answer the plugin the same way.
 
+pub mod etcd;
 pub mod file;
 
 use std::net::IpAddr;
