@@ -13,7 +13,9 @@ fi
 # Debian packages the tests use, installed only when missing:
 #   containernetworking-plugins  the reference plugins, side by side with ours (/usr/lib/cni)
 #   iproute2 procps              ip and sysctl, the harness's independent view of the kernel
-packages=(containernetworking-plugins iproute2 procps)
+#   protobuf-compiler libprotobuf-dev   protoc and the well-known protos, for etcd-client's build
+#   etcd-server etcd-client      a real etcd (and etcdctl) for the cluster-wide IPAM store tests
+packages=(containernetworking-plugins iproute2 procps protobuf-compiler libprotobuf-dev etcd-server etcd-client)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

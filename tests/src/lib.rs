@@ -7,6 +7,7 @@
 //! Rules (shared/TESTING.md): never touch the host namespace or `eth0`; addresses from
 //! 198.18.0.0/15 and 2001:db8::/32; tests need root and fail, loudly, without it.
 
+pub mod etcd;
 pub mod kernel;
 pub mod netns;
 pub mod runner;

@@ -11,6 +11,17 @@ use serde_json::Value;
 
 use crate::netns::Netns;
 
+/// Make `cmd` run inside the network namespace at `path` (the child joins it before exec).
+pub fn enter_netns(cmd: &mut Command, path: &Path) {
+    let ns = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    // SAFETY: setns is a single syscall, async-signal-safe, and touches only the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
+        });
+    }
+}
+
 /// Where Debian's containernetworking-plugins installs the reference plugins.
 pub const REFERENCE_CNI_DIR: &str = "/usr/lib/cni";
 
@@ -149,13 +160,7 @@ impl PluginRun {
         }
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         if let Some(path) = &self.netns {
-            let ns = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-            // SAFETY: setns is a single syscall, async-signal-safe, and touches only the child.
-            unsafe {
-                cmd.pre_exec(move || {
-                    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
-                });
-            }
+            enter_netns(&mut cmd, path);
         }
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary.display()));
         let mut stdin = child.stdin.take().unwrap();

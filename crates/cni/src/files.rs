@@ -18,12 +18,19 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), Error> {
         .map_err(|e| Error::io(format!("create directory {}: {e}", dir.display())))
 }
 
-/// Replace `path` with `bytes`, atomically, mode 0600.
+/// Replace `path` with `bytes`, atomically, mode 0600 (the temp file sits beside it).
 pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     ensure_private_dir(dir)?;
+    write_private_atomic_via(dir, path, bytes)
+}
+
+/// [`write_private_atomic`] with the temp file in `tmp_dir` (same file system), for stores that
+/// sweep one directory of the temp files a killed process left.
+pub fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
-    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let tmp = tmp_dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
     let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}: {e}", tmp.display()));
     let mut f = OpenOptions::new()
         .write(true)

@@ -159,7 +159,11 @@ impl IpamConfig {
         }
         let domain = match keys.network_name.as_deref().filter(|n| !n.is_empty()) {
             Some(n) if name_ok(n) => n.to_string(),
-            Some(n) => return Err(IpamError::Config(format!("invalid network_name {n:?}: letters, digits, '.', '-', '_' only"))),
+            Some(n) => {
+                return Err(IpamError::Config(format!(
+                    "invalid network_name {n:?}: letters, digits, '.', '-', '_' only"
+                )));
+            }
             None => DEFAULT_DOMAIN.into(),
         };
         let store = parse_store(keys.store.as_ref(), keys.data_dir)?;
@@ -209,7 +213,9 @@ fn parse_store(v: Option<&Value>, data_dir: Option<PathBuf>) -> Result<StoreConf
 
 /// This node's name: the kernel's host name (nodes are named after their hosts).
 pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 #[cfg(test)]
@@ -218,7 +224,8 @@ mod tests {
     use serde_json::json;
 
     fn conf(ipam: Value) -> Result<IpamConfig, IpamError> {
-        let nc: NetConf = serde_json::from_value(json!({"cniVersion": "1.1.0", "name": "rail0", "ipam": ipam})).unwrap();
+        let nc: NetConf =
+            serde_json::from_value(json!({"cniVersion": "1.1.0", "name": "rail0", "ipam": ipam})).unwrap();
         IpamConfig::from_netconf(&nc)
     }
 
@@ -236,7 +243,8 @@ mod tests {
 
     #[test]
     fn stores_parse_and_unknown_ones_are_refused_by_name() {
-        let c = conf(json!({"range": "198.18.0.0/24", "store": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}})).unwrap();
+        let c = conf(json!({"range": "198.18.0.0/24", "store": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}}))
+            .unwrap();
         assert!(matches!(c.store, StoreConfig::Etcd(ref e) if e.block_size == 16 && e.prefix == "/plexus-ipam"));
         let c = conf(json!({"range": "198.18.0.0/24", "store": {"file": {"dataDir": "/tmp/x"}}})).unwrap();
         assert_eq!(c.store, StoreConfig::File { data_dir: "/tmp/x".into() });

@@ -136,7 +136,11 @@ impl IpRange {
                 _ => merged.push((lo, hi)),
             }
         }
-        Ok(IpRange { network, first, last, excluded: merged, gateway })
+        let r = IpRange { network, first, last, excluded: merged, gateway };
+        if r.capacity() == 0 {
+            return Err(bad("range", spec.range, "every address is excluded: no address to hand out"));
+        }
+        Ok(r)
     }
 
     pub fn is_ipv4(&self) -> bool {
@@ -231,7 +235,10 @@ mod tests {
     #[test]
     fn a_dash_b_form_and_host_bits_set_the_bounds() {
         let x = r("198.18.0.10-198.18.0.20/24");
-        assert_eq!((x.addr(x.first).to_string(), x.addr(x.last).to_string()), ("198.18.0.10".into(), "198.18.0.20".into()));
+        assert_eq!(
+            (x.addr(x.first).to_string(), x.addr(x.last).to_string()),
+            ("198.18.0.10".into(), "198.18.0.20".into())
+        );
         assert_eq!(x.network.to_string(), "198.18.0.0/24");
         let y = r("198.18.0.225/28");
         assert_eq!(y.addr(y.first).to_string(), "198.18.0.225");

@@ -211,8 +211,14 @@ mod tests {
             "ips": [{"address": "198.18.1.5/24", "gateway": "198.18.1.1"}],
             "routes": [{"dst": "198.19.0.0/16"}, {"dst": "198.20.0.0/16", "gw": "198.18.1.254", "mtu": 4000}]}))
         .unwrap();
-        let setup =
-            IfaceSetup { ifname: "net1", index: 7, result: &result, dad: false, multi_rail_table: Some(101), is_up: false };
+        let setup = IfaceSetup {
+            ifname: "net1",
+            index: 7,
+            result: &result,
+            dad: false,
+            multi_rail_table: Some(101),
+            is_up: false,
+        };
         let routes = routes_for(&setup);
         assert_eq!(routes.len(), 3);
         assert_eq!(routes[0].dst.to_string(), "198.18.1.0/24");

@@ -49,7 +49,8 @@ fn requested(req: &Request) -> Result<Vec<IpAddr>, Error> {
     for (source, v) in [("runtimeConfig.ips", req.config.runtime("ips")), ("args.cni.ips", req.config.cni_arg("ips"))] {
         if let Some(Value::Array(items)) = v {
             for item in items {
-                let s = item.as_str().ok_or_else(|| Error::invalid_config(format!("{source}: {item} is not a string")))?;
+                let s =
+                    item.as_str().ok_or_else(|| Error::invalid_config(format!("{source}: {item} is not a string")))?;
                 raw.push((s.to_string(), source));
             }
         }
@@ -118,10 +119,9 @@ impl Plugin for Ipam {
 
     fn check(&self, req: &Request) -> Result<(), Error> {
         let cfg = IpamConfig::from_netconf(&req.config)?;
-        let prev = req
-            .config
-            .prev_result()?
-            .ok_or_else(|| Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult"))?;
+        let prev = req.config.prev_result()?.ok_or_else(|| {
+            Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult")
+        })?;
         let held = open_store(&cfg)?.holdings(&req.env.container_id, &req.env.ifname)?;
         if held.is_empty() {
             return Err(Error::new(
@@ -174,7 +174,8 @@ impl Plugin for Ipam {
         if failures.is_empty() {
             Ok(())
         } else {
-            Err(Error::new(code::IO_FAILURE, "GC could not release every stale allocation").with_details(failures.join("; ")))
+            Err(Error::new(code::IO_FAILURE, "GC could not release every stale allocation")
+                .with_details(failures.join("; ")))
         }
     }
 }

@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn, TxnOp};
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn, TxnOp,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{AllocRequest, Allocation, Candidates, Owner, Store};
@@ -67,9 +69,10 @@ impl EtcdStore {
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let mut opts = ConnectOptions::new().with_timeout(timeout).with_connect_timeout(timeout);
         if let Some(user) = &cfg.username {
-            let file = cfg.password_file.as_ref().ok_or_else(|| {
-                IpamError::Config("store.etcd.username needs store.etcd.passwordFile".into())
-            })?;
+            let file = cfg
+                .password_file
+                .as_ref()
+                .ok_or_else(|| IpamError::Config("store.etcd.username needs store.etcd.passwordFile".into()))?;
             let password = std::fs::read_to_string(file)
                 .map_err(|e| IpamError::Config(format!("store.etcd.passwordFile {}: {e}", file.display())))?;
             opts = opts.with_user(user.clone(), password.trim_end_matches('\n').to_string());
@@ -103,7 +106,11 @@ impl EtcdStore {
             IpAddr::V4(v4) => format!("v4/{:08x}", u32::from(v4)),
             IpAddr::V6(v6) => format!("v6/{:032x}", u128::from(v6)),
         };
-        if overlapping { format!("{}/ips/{hex}", self.root) } else { format!("{}/ips/{}/{hex}", self.root, sanitize(range)) }
+        if overlapping {
+            format!("{}/ips/{hex}", self.root)
+        } else {
+            format!("{}/ips/{}/{hex}", self.root, sanitize(range))
+        }
     }
 
     fn record_key(&self, cid: &str, ifname: &str) -> String {
@@ -123,7 +130,11 @@ impl EtcdStore {
         format!("{}/cursors/{node}/{}", self.root, sanitize(&range.key()))
     }
 
-    async fn call<T>(&self, what: &str, fut: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, IpamError> {
+    async fn call<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, IpamError> {
         match tokio::time::timeout(self.timeout, fut).await {
             Err(_) => Err(unavailable(format!("etcd {what}: no answer within {:?}", self.timeout))),
             Ok(Err(e)) => Err(unavailable(format!("etcd {what}: {e}"))),
@@ -164,10 +175,16 @@ impl EtcdStore {
 
     /// A free address for `range`, inside this node's blocks (reserving one when they are full),
     /// else anywhere in the range.
-    async fn pick(&self, req: &AllocRequest<'_>, range: &IpRange, skip: &BTreeSet<IpAddr>) -> Result<IpAddr, IpamError> {
+    async fn pick(
+        &self,
+        req: &AllocRequest<'_>,
+        range: &IpRange,
+        skip: &BTreeSet<IpAddr>,
+    ) -> Result<IpAddr, IpamError> {
         let key = range.key();
         let node = &req.owner.node;
-        let cursor = self.get(&self.cursor_key(node, range)).await?.0.and_then(|v| String::from_utf8(v).ok()?.parse().ok());
+        let cursor =
+            self.get(&self.cursor_key(node, range)).await?.0.and_then(|v| String::from_utf8(v).ok()?.parse().ok());
         let blocks: BTreeMap<u128, String> = self
             .get_prefix(&self.block_prefix(range))
             .await?
@@ -200,9 +217,11 @@ impl EtcdStore {
                 let bkey = format!("{}{b}", self.block_prefix(range));
                 let won = self
                     .txn(
-                        Txn::new()
-                            .when([Compare::version(bkey.as_str(), CompareOp::Equal, 0)])
-                            .and_then([TxnOp::put(bkey.as_str(), node.as_bytes(), None)]),
+                        Txn::new().when([Compare::version(bkey.as_str(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+                            bkey.as_str(),
+                            node.as_bytes(),
+                            None,
+                        )]),
                     )
                     .await?;
                 if won && let Some(ip) = self.free_in(req, range, bounds(b), None, skip).await? {
@@ -250,7 +269,11 @@ impl EtcdStore {
         Ok((!free.is_empty()).then(|| free[std::process::id() as usize % free.len()]))
     }
 
-    async fn allocate_once(&self, req: &AllocRequest<'_>, skip: &mut BTreeSet<IpAddr>) -> Result<Option<Vec<IpAddr>>, IpamError> {
+    async fn allocate_once(
+        &self,
+        req: &AllocRequest<'_>,
+        skip: &mut BTreeSet<IpAddr>,
+    ) -> Result<Option<Vec<IpAddr>>, IpamError> {
         let owner = &req.owner;
         let me = format!("{}={}", owner.container_id, owner.ifname);
         let record_key = self.record_key(&owner.container_id, &owner.ifname);
@@ -304,12 +327,20 @@ impl EtcdStore {
                 Some(ip) => ip,
                 None => {
                     let ip = self.pick(req, range, skip).await?;
-                    compares.push(Compare::version(self.ip_key(ip, &key, req.overlapping).as_str(), CompareOp::Equal, 0));
+                    compares.push(Compare::version(
+                        self.ip_key(ip, &key, req.overlapping).as_str(),
+                        CompareOp::Equal,
+                        0,
+                    ));
                     ip
                 }
             };
             let alloc = Allocation { ip, range: key.clone(), owner: owner.clone() };
-            ops.push(TxnOp::put(self.ip_key(ip, &key, req.overlapping), serde_json::to_vec(&alloc).expect("json"), None));
+            ops.push(TxnOp::put(
+                self.ip_key(ip, &key, req.overlapping),
+                serde_json::to_vec(&alloc).expect("json"),
+                None,
+            ));
             if let Some(o) = range.offset_of(ip) {
                 ops.push(TxnOp::put(self.cursor_key(&owner.node, range), o.to_string(), None));
             }
@@ -337,7 +368,9 @@ impl EtcdStore {
         let me = format!("{cid}={ifname}");
         let record_key = self.record_key(cid, ifname);
         let (val, rev) = self.get(&record_key).await?;
-        let Some(record) = val.and_then(|v| serde_json::from_slice::<Record>(&v).ok()) else { return Ok(Some(Vec::new())) };
+        let Some(record) = val.and_then(|v| serde_json::from_slice::<Record>(&v).ok()) else {
+            return Ok(Some(Vec::new()));
+        };
         let mut compares = vec![Compare::mod_revision(record_key.as_str(), CompareOp::Equal, rev)];
         let mut ops = vec![TxnOp::delete(record_key.as_str(), None)];
         let mut released = Vec::new();
@@ -379,7 +412,8 @@ impl Store for EtcdStore {
                 if Instant::now() >= deadline {
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(1 + (attempt as u64 % 4) * u64::from(std::process::id() % 3))).await;
+                tokio::time::sleep(Duration::from_millis(1 + (attempt as u64 % 4) * u64::from(std::process::id() % 3)))
+                    .await;
             }
             Err(unavailable("etcd: too much contention, no allocation committed in time"))
         })

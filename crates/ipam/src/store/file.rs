@@ -102,7 +102,8 @@ impl FileStore {
 
     fn pod_path(&self, owner: &Owner) -> Option<PathBuf> {
         let (ns, name) = owner.pod_ref.as_deref()?.split_once('/')?;
-        (component_ok(ns) && component_ok(name)).then(|| self.dir.join("pods").join(format!("{ns}={name}={}", owner.ifname)))
+        (component_ok(ns) && component_ok(name))
+            .then(|| self.dir.join("pods").join(format!("{ns}={name}={}", owner.ifname)))
     }
 
     fn ip_key(ip: IpAddr, range: &str, overlapping: bool) -> String {
@@ -124,8 +125,12 @@ impl FileStore {
     }
 
     fn write_record(&self, path: &Path, record: &Record) -> Result<(), IpamError> {
-        let bytes = serde_json::to_vec(record).expect("record serializes");
-        files::write_private_atomic(path, &bytes).map_err(|e| IpamError::Store(e.msg))
+        self.write(path, &serde_json::to_vec(record).expect("record serializes"))
+    }
+
+    /// Atomic 0600 write whose temp file lives in tmp/, swept under the lock.
+    fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), IpamError> {
+        files::write_private_atomic_via(&self.dir.join("tmp"), path, bytes).map_err(|e| IpamError::Store(e.msg))
     }
 
     /// Who holds address file `key` (its content is the holder's record name).
@@ -162,11 +167,17 @@ impl FileStore {
     fn set_cursor(&self, range: &IpRange, offset: u128) {
         let path = self.dir.join("cursors").join(file_safe(&range.key()));
         // A hint: losing it only moves next-fit back to the start.
-        let _ = files::write_private_atomic(&path, offset.to_string().as_bytes());
+        let _ = self.write(&path, offset.to_string().as_bytes());
     }
 
     /// Pick an address for `range` that is not held: the requested one, or next-fit.
-    fn pick(&self, range: &IpRange, requested: Option<IpAddr>, me: &str, overlapping: bool) -> Result<IpAddr, IpamError> {
+    fn pick(
+        &self,
+        range: &IpRange,
+        requested: Option<IpAddr>,
+        me: &str,
+        overlapping: bool,
+    ) -> Result<IpAddr, IpamError> {
         let key = range.key();
         if let Some(ip) = requested {
             return match self.holder(&Self::ip_key(ip, &key, overlapping)) {
@@ -259,7 +270,7 @@ impl Store for FileStore {
                 Some(h) if h == prior_holder => {
                     // Hand the address over to the new container ID.
                     let p = self.ip_path(&key);
-                    files::write_private_atomic(&p, me.as_bytes()).map_err(|e| IpamError::Store(e.msg))?;
+                    self.write(&p, me.as_bytes())?;
                 }
                 Some(h) => return Err(IpamError::InUse { ip: held.ip, holder: h }),
                 None => {
@@ -273,7 +284,7 @@ impl Store for FileStore {
             let _ = fs::remove_file(old_path);
         }
         if let Some(pod) = self.pod_path(owner) {
-            files::write_private_atomic(&pod, me.as_bytes()).map_err(|e| IpamError::Store(e.msg))?;
+            self.write(&pod, me.as_bytes())?;
         }
         Ok(chosen.into_iter().map(|h| h.ip).collect())
     }
@@ -316,7 +327,7 @@ impl Store for FileStore {
                 }
             }
         }
-        out.sort_by(|a, b| a.ip.cmp(&b.ip));
+        out.sort_by_key(|a| a.ip);
         Ok(out)
     }
 }
