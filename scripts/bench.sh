@@ -89,40 +89,75 @@ rss_ours=$(rss "$work/static.json" "$BIN/plexus-macvlan")
 rss_ref=$(rss "$work/static.json" "$REF/macvlan")
 ip -n "$pod" link del net1 2>/dev/null || true
 
+echo "{\"ours\": $rss_ours, \"reference\": $rss_ref}" > "$work/macvlan-rss.json"
+
+echo "== ipam (file store vs host-local)"
+load() { ip netns exec "$node" python3 scripts/bench/cni_load.py --netns "/run/netns/$pod" "$@"; }
+ipam_conf() { # name plugin range datadir [extra json]
+  if [ "$2" = host-local ]; then
+    echo "{\"cniVersion\":\"1.0.0\",\"name\":\"$1\",\"ipam\":{\"type\":\"host-local\",\"ranges\":[[{\"subnet\":\"$3\"}]],\"dataDir\":\"$4\"}}"
+  else
+    echo "{\"cniVersion\":\"1.0.0\",\"name\":\"$1\",\"ipam\":{\"type\":\"plexus-ipam\",\"range\":\"$3\",\"dataDir\":\"$4\",\"nodeName\":\"bench\"${5:-}}}"
+  fi
+}
+ipam_conf single plexus-ipam 198.18.0.0/24 "$work/ours-single" > "$work/ipam-ours.json"
+ipam_conf single host-local 198.18.0.0/24 "$work/hl-single" > "$work/ipam-hl.json"
+hf ipam-add env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --export-json "$work/ipam-add.json" \
+  --input "$work/ipam-ours.json" \
+  --prepare "sh -c 'CNI_COMMAND=DEL $BIN/plexus-ipam < $work/ipam-ours.json'" -n plexus-ipam "$BIN/plexus-ipam"
+hf ipam-add-hl env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --export-json "$work/ipam-add-hl.json" \
+  --input "$work/ipam-hl.json" \
+  --prepare "sh -c 'CNI_COMMAND=DEL $REF/host-local < $work/ipam-hl.json'" -n host-local "$REF/host-local"
+ipam_conf conc plexus-ipam 198.18.0.0/22 "$work/ours-conc" > "$work/ipam-ours-conc.json"
+ipam_conf conc host-local 198.18.0.0/22 "$work/hl-conc" > "$work/ipam-hl-conc.json"
+load --plugin "$BIN/plexus-ipam" --conf "$work/ipam-ours-conc.json" --count 512 --clients 16 > "$work/ipam-conc-ours.json"
+load --plugin "$REF/host-local" --conf "$work/ipam-hl-conc.json" --count 512 --clients 16 > "$work/ipam-conc-hl.json"
+
+echo "== ipam: allocation time as a /16 fills (slow: fills to 90 %)"
+ipam_conf fill plexus-ipam 198.18.0.0/16 "$work/ours-fill" > "$work/ipam-ours-fill.json"
+ipam_conf fill host-local 198.18.0.0/16 "$work/hl-fill" > "$work/ipam-hl-fill.json"
+filled=0
+echo "[]" > "$work/ipam-curve.json"
+for pct in 10 30 50 70 90; do
+  target=$(( 65534 * pct / 100 ))
+  for which in ours hl; do
+    plugin=$BIN/plexus-ipam; [ $which = hl ] && plugin=$REF/host-local
+    load --plugin "$plugin" --conf "$work/ipam-$which-fill.json" --count $(( target - filled )) --clients 16 \
+      --phase add --prefix "fill${pct}-" > /dev/null
+  done
+  filled=$target
+  hf "ipam-curve-$pct" env CNI_COMMAND=ADD "$HF" -N --runs 100 --warmup 5 --export-json "$work/ipam-curve-$pct.json" \
+    --input "$work/ipam-ours-fill.json" \
+    --prepare "sh -c 'CNI_COMMAND=DEL $BIN/plexus-ipam < $work/ipam-ours-fill.json'" -n plexus-ipam "$BIN/plexus-ipam"
+  hf "ipam-curve-hl-$pct" env CNI_COMMAND=ADD "$HF" -N --runs 100 --warmup 5 --export-json "$work/ipam-curve-hl-$pct.json" \
+    --input "$work/ipam-hl-fill.json" \
+    --prepare "sh -c 'CNI_COMMAND=DEL $REF/host-local < $work/ipam-hl-fill.json'" -n host-local "$REF/host-local"
+done
+
+echo "== ipam: etcd store, 1000 allocations, 16 clients, 4 simulated nodes"
+etcd_dir=$work/etcd
+cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+ip netns exec "$node" etcd --name bench --data-dir "$etcd_dir" --log-level error \
+  --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+  --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+  --initial-cluster "bench=http://127.0.0.1:$pport" > "$work/etcd.log" 2>&1 &
+etcd_pid=$!
+trap 'kill $etcd_pid 2>/dev/null; wait $etcd_pid 2>/dev/null; cleanup' EXIT
+for _ in $(seq 100); do
+  ip netns exec "$node" env ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$cport" endpoint health >/dev/null 2>&1 && break
+  sleep 0.1
+done
+confs=""
+for n in 0 1 2 3; do
+  ipam_conf etcd plexus-ipam 198.18.0.0/20 unused \
+    ",\"store\":{\"etcd\":{\"endpoints\":[\"http://127.0.0.1:$cport\"],\"blockSize\":16}}" \
+    | sed "s/\"nodeName\":\"bench\"/\"nodeName\":\"node-$n\"/" > "$work/ipam-etcd-$n.json"
+  confs="$confs${confs:+,}$work/ipam-etcd-$n.json"
+done
+load --plugin "$BIN/plexus-ipam" --conf "$confs" --count 1000 --clients 16 > "$work/ipam-etcd.json"
+kill $etcd_pid; wait $etcd_pid 2>/dev/null || true
+
 echo "== writing BENCHMARKS.md"
-python3 - "$work" "$rss_ours" "$rss_ref" "$RUNS" > BENCHMARKS.md <<'PY'
-import json, sys, platform, datetime, os, subprocess
-work, rss_ours, rss_ref, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-def med(name):
-    data = json.load(open(os.path.join(work, name + ".json")))
-    return {r["command"]: r["median"] * 1000 for r in data["results"]}
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-kernel = platform.release()
-print("# plexus benchmarks\n")
-print(f"Written by `scripts/bench.sh` on {datetime.date.today()} — {os.cpu_count()} cores ({cpu}), kernel {kernel}.")
-print(f"Medians of {runs} runs each (`hyperfine -N`, stdin from `--input`), every plugin process inside a node")
-print("network namespace; the reference plugins are Debian's containernetworking-plugins 1.1.1.")
-print("These machines are shared and noisy: read the ratios, not the absolute times.\n")
-print("## plexus-macvlan (issue #3)\n")
-add, l2, dele = med("macvlan-add-static"), med("macvlan-add-l2"), med("macvlan-del")
-rows = [
-    ("ADD, static IPAM", add["plexus-macvlan"], "reference macvlan", add["reference-macvlan"], "≤ 0.7"),
-    ("ADD, L2 only", l2["plexus-macvlan"], "`ip -batch` floor", l2["ip-batch-floor"], "≤ 1.2"),
-    ("ADD, L2 only", l2["plexus-macvlan"], "reference macvlan", l2["reference-macvlan"], "—"),
-    ("DEL, static IPAM", dele["plexus-macvlan"], "reference macvlan", dele["reference-macvlan"], "≤ 1.0"),
-]
-print("| what | plexus (ms) | against | theirs (ms) | ratio | target |")
-print("|---|---:|---|---:|---:|---|")
-for what, ours, against, theirs, target in rows:
-    print(f"| {what} | {ours:.2f} | {against} | {theirs:.2f} | {ours/theirs:.2f} | {target} |")
-print(f"| peak RSS of one ADD | {rss_ours/1024:.1f} MiB | reference macvlan | {rss_ref/1024:.1f} MiB | {rss_ours/rss_ref:.2f} | ≤ 1.0 |")
-print()
-print("The floor creates the macvlan in the pod namespace already named, sized and up, in one netlink")
-print("request from one `ip` process: less work than the plugin does (it also looks up the master and")
-print("the new link, creates it under a temporary name and renames it, as the issue requires, and")
-print("sets `arp_notify`).")
-print()
-print("DEL is measured on a link that has been up for 300 ms (the kernel's IPv6 start-up work settled),")
-print("as in production; most of a DEL is the kernel unregistering the link.")
-PY
+python3 scripts/bench/report.py "$work" "$RUNS" > BENCHMARKS.md
 cat BENCHMARKS.md

@@ -128,9 +128,43 @@ impl FileStore {
         self.write(path, &serde_json::to_vec(record).expect("record serializes"))
     }
 
-    /// Atomic 0600 write whose temp file lives in tmp/, swept under the lock.
+    /// Atomic 0600 replace (temp file in tmp/, swept under the lock; rename). No fsync here: the
+    /// lock is held, and [`FileStore::persist`] makes the change durable after it is released.
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), IpamError> {
-        files::write_private_atomic_via(&self.dir.join("tmp"), path, bytes).map_err(|e| IpamError::Store(e.msg))
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = self.dir.join("tmp").join(format!(".{name}.{}", std::process::id()));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| store_err("create", &tmp, e))?;
+        f.write_all(bytes).map_err(|e| store_err("write", &tmp, e))?;
+        drop(f);
+        fs::rename(&tmp, path).map_err(|e| store_err("rename into", path, e))
+    }
+
+    /// Make the files of an operation (and the directories naming them) durable. Runs after the
+    /// lock is released, so concurrent operations overlap their flushes; the plugin reports the
+    /// result only after this returns. A `kill -9` needs none of it (renames and links are
+    /// atomic); a power loss does.
+    fn persist(&self, paths: &[PathBuf]) -> Result<(), IpamError> {
+        let mut dirs: Vec<&Path> = Vec::new();
+        for p in paths {
+            if let Ok(f) = File::open(p) {
+                f.sync_data().map_err(|e| store_err("sync", p, e))?;
+            }
+            if let Some(d) = p.parent()
+                && !dirs.contains(&d)
+            {
+                dirs.push(d);
+            }
+        }
+        for d in dirs {
+            File::open(d).and_then(|f| f.sync_all()).map_err(|e| store_err("sync", d, e))?;
+        }
+        Ok(())
     }
 
     /// Who holds address file `key` (its content is the holder's record name).
@@ -166,8 +200,9 @@ impl FileStore {
 
     fn set_cursor(&self, range: &IpRange, offset: u128) {
         let path = self.dir.join("cursors").join(file_safe(&range.key()));
-        // A hint: losing it only moves next-fit back to the start.
-        let _ = self.write(&path, offset.to_string().as_bytes());
+        // A hint: written in place, never synced; a torn or lost cursor only moves next-fit back
+        // to the start of the range.
+        let _ = fs::write(path, offset.to_string());
     }
 
     /// Pick an address for `range` that is not held: the requested one, or next-fit.
@@ -217,15 +252,10 @@ impl FileStore {
         fs::remove_file(&path).or_else(not_found_ok).map_err(|e| store_err("remove", &path, e))?;
         Ok(released)
     }
-}
 
-fn not_found_ok(e: std::io::Error) -> std::io::Result<()> {
-    if e.kind() == ErrorKind::NotFound { Ok(()) } else { Err(e) }
-}
+    /// ADD under the lock: the addresses, and the files to make durable after the lock.
+    fn allocate_locked(&self, req: &AllocRequest<'_>) -> Result<(Vec<IpAddr>, Vec<PathBuf>), IpamError> {
 
-impl Store for FileStore {
-    fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError> {
-        let _lock = self.lock()?;
         let owner = &req.owner;
         let me = format!("{}={}", owner.container_id, owner.ifname);
         let record_path = self.record_path(&owner.container_id, &owner.ifname);
@@ -261,6 +291,7 @@ impl Store for FileStore {
             };
             chosen.push(Held { ip, range: key });
         }
+        let mut touched: Vec<PathBuf> = chosen.iter().map(|h| self.ip_path(&Self::ip_key(h.ip, &h.range, req.overlapping))).collect();
         // Intent first: the record names every address before any is linked into place.
         self.write_record(&record_path, &Record { owner: owner.clone(), ips: chosen.clone() })?;
         for held in &chosen {
@@ -285,14 +316,36 @@ impl Store for FileStore {
         }
         if let Some(pod) = self.pod_path(owner) {
             self.write(&pod, me.as_bytes())?;
+            touched.push(pod);
         }
-        Ok(chosen.into_iter().map(|h| h.ip).collect())
+        touched.push(record_path);
+        Ok((chosen.into_iter().map(|h| h.ip).collect(), touched))
+    }
+}
+
+fn not_found_ok(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == ErrorKind::NotFound { Ok(()) } else { Err(e) }
+}
+
+impl Store for FileStore {
+    fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError> {
+        let lock = self.lock()?;
+        let (ips, touched) = self.allocate_locked(req)?;
+        drop(lock);
+        self.persist(&touched)?;
+        Ok(ips)
     }
 
     fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
-        let _lock = self.lock()?;
-        self.release_locked(container_id, ifname)
+        let lock = self.lock()?;
+        let released = self.release_locked(container_id, ifname)?;
+        drop(lock);
+        if !released.is_empty() {
+            self.persist(&[self.dir.join("ips").join("."), self.record_path(container_id, ifname)])?;
+        }
+        Ok(released)
     }
+
 
     fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
         let _lock = self.lock()?;

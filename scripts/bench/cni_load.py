@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Drive a CNI plugin with concurrent clients: N ADDs, then N DELs, each a real plugin process.
+
+Prints one JSON object: wall time and throughput of each phase, per-operation median, and how
+many distinct addresses the ADDs returned (a duplicate shows as distinct < N).
+
+  cni_load.py --plugin BIN --conf FILE[,FILE...] --count 512 --clients 16 [--netns PATH] [--phase add|del|both]
+Several --conf files are used round-robin (e.g. one per simulated node).
+"""
+import argparse, json, os, statistics, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
+
+p = argparse.ArgumentParser()
+p.add_argument("--plugin", required=True)
+p.add_argument("--conf", required=True)
+p.add_argument("--count", type=int, default=512)
+p.add_argument("--clients", type=int, default=16)
+p.add_argument("--netns", default="/var/run/netns/none")
+p.add_argument("--prefix", default="load")
+p.add_argument("--phase", default="both", choices=["add", "del", "both"])
+a = p.parse_args()
+confs = [open(f, "rb").read() for f in a.conf.split(",")]
+path = os.path.dirname(os.path.abspath(a.plugin)) + ":/usr/lib/cni"
+
+def call(verb, i):
+    env = {"CNI_COMMAND": verb, "CNI_CONTAINERID": f"{a.prefix}{i}", "CNI_NETNS": a.netns,
+           "CNI_IFNAME": "net1", "CNI_PATH": path, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    t = time.perf_counter()
+    r = subprocess.run([a.plugin], input=confs[i % len(confs)], env=env, capture_output=True)
+    dt = time.perf_counter() - t
+    if r.returncode != 0:
+        sys.exit(f"{verb} {i} failed: {r.stdout.decode()} {r.stderr.decode()}")
+    addr = json.loads(r.stdout)["ips"][0]["address"] if verb == "ADD" else None
+    return dt, addr
+
+def phase(verb):
+    t = time.perf_counter()
+    with ThreadPoolExecutor(a.clients) as ex:
+        out = list(ex.map(lambda i: call(verb, i), range(a.count)))
+    wall = time.perf_counter() - t
+    lat = [d for d, _ in out]
+    return {"seconds": round(wall, 3), "ops_per_s": round(a.count / wall, 1),
+            "median_ms": round(statistics.median(lat) * 1000, 2)}, [x for _, x in out]
+
+res = {"count": a.count, "clients": a.clients}
+if a.phase in ("add", "both"):
+    res["add"], addrs = phase("ADD")
+    res["distinct"] = len(set(addrs))
+if a.phase in ("del", "both"):
+    res["del"], _ = phase("DEL")
+print(json.dumps(res))

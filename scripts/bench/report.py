@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Writes BENCHMARKS.md from the results scripts/bench.sh left in its work directory."""
+import datetime, json, os, platform, sys
+
+work, runs = sys.argv[1], sys.argv[2]
+
+def load(name):
+    return json.load(open(os.path.join(work, name + ".json")))
+
+def med(name):
+    return {r["command"]: r["median"] * 1000 for r in load(name)["results"]}
+
+def table(rows):
+    print("| what | plexus | against | theirs | ratio | target |")
+    print("|---|---:|---|---:|---:|---|")
+    for what, ours, against, theirs, unit, target in rows:
+        print(f"| {what} | {ours:.2f} {unit} | {against} | {theirs:.2f} {unit} | {ours/theirs:.2f} | {target} |")
+    print()
+
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print("# plexus benchmarks\n")
+print(f"Written by `scripts/bench.sh` on {datetime.date.today()} — {os.cpu_count()} cores ({cpu}), kernel {platform.release()}.")
+print(f"Medians of {runs} runs each unless said (`hyperfine -N`, stdin from `--input`); every plugin process runs")
+print("inside a node network namespace; the reference plugins are Debian's containernetworking-plugins 1.1.1;")
+print("plexus binaries are the shipped build (`scripts/build-release.sh`: release, statically linked).")
+print("These machines are shared and noisy: read the ratios, not the absolute times.\n")
+
+print("## plexus-macvlan (issue #3)\n")
+add, l2, dele, rss = med("macvlan-add-static"), med("macvlan-add-l2"), med("macvlan-del"), load("macvlan-rss")
+table([
+    ("ADD, static IPAM", add["plexus-macvlan"], "reference macvlan", add["reference-macvlan"], "ms", "≤ 0.7"),
+    ("ADD, L2 only", l2["plexus-macvlan"], "`ip -batch` floor", l2["ip-batch-floor"], "ms", "≤ 1.2"),
+    ("ADD, L2 only", l2["plexus-macvlan"], "reference macvlan", l2["reference-macvlan"], "ms", "—"),
+    ("DEL, static IPAM", dele["plexus-macvlan"], "reference macvlan", dele["reference-macvlan"], "ms", "≤ 1.0"),
+    ("peak RSS of one ADD", rss["ours"] / 1024, "reference macvlan", rss["reference"] / 1024, "MiB", "≤ 1.0"),
+])
+print("The floor creates the macvlan in the pod namespace already named, sized and up, in one netlink")
+print("request from one `ip` process: less work than the plugin does (it also looks up the master and")
+print("the new link, creates it under a temporary name and renames it, as the issue requires, and sets")
+print("`arp_notify`). DEL is measured on a link that has been up for 300 ms (the kernel's IPv6 start-up")
+print("work settled), as in production; most of a DEL is the kernel unregistering the link.\n")
+
+print("## plexus-ipam (issue #4)\n")
+ours_add, hl_add = med("ipam-add")["plexus-ipam"], med("ipam-add-hl")["host-local"]
+co, ch = load("ipam-conc-ours"), load("ipam-conc-hl")
+def thru(r):
+    return 2 * r["count"] / (r["add"]["seconds"] + r["del"]["seconds"])
+table([
+    ("single ADD, /24", ours_add, "host-local", hl_add, "ms", "≤ 1.0"),
+    ("512 ADD + 512 DEL, 16 clients: throughput", thru(co), "host-local", thru(ch), "ops/s", "≥ 2.0"),
+    ("… ADD phase", co["count"] / co["add"]["seconds"], "host-local", ch["count"] / ch["add"]["seconds"], "ops/s", "—"),
+    ("… DEL phase", co["count"] / co["del"]["seconds"], "host-local", ch["count"] / ch["del"]["seconds"], "ops/s", "—"),
+])
+print(f"Distinct addresses from the 512 concurrent ADDs: plexus {co['distinct']}, host-local {ch['distinct']}.\n")
+print("Allocation time (median single ADD, 100 runs) as a /16 fills:\n")
+print("| fill | plexus-ipam (ms) | × its 10 % time | host-local (ms) | × its 10 % time |")
+print("|---:|---:|---:|---:|---:|")
+base_o = med("ipam-curve-10")["plexus-ipam"]
+base_h = med("ipam-curve-hl-10")["host-local"]
+for pct in (10, 30, 50, 70, 90):
+    o, h = med(f"ipam-curve-{pct}")["plexus-ipam"], med(f"ipam-curve-hl-{pct}")["host-local"]
+    print(f"| {pct} % | {o:.2f} | {o/base_o:.2f} | {h:.2f} | {h/base_h:.2f} |")
+print("\nTarget: plexus at 90 % ≤ 1.5 × its time at 10 %.\n")
+e = load("ipam-etcd")
+print("etcd store (a real etcd 3.4 on loopback in the node namespace), 1000 allocations from 16 concurrent")
+print("clients spread over 4 simulated nodes (`nodeName`), `blockSize` 16:\n")
+print(f"- distinct addresses: {e['distinct']} of {e['count']} (zero duplicates: {e['distinct'] == e['count']})")
+print(f"- ADD: {e['add']['seconds']} s in total, {e['add']['ops_per_s']} ADD/s, per-ADD median {e['add']['median_ms']} ms")
+print(f"- DEL: {e['del']['seconds']} s in total, {e['del']['ops_per_s']} DEL/s, per-DEL median {e['del']['median_ms']} ms")
