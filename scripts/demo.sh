@@ -1,5 +1,53 @@
 #!/usr/bin/env bash
-# The main job: a pod-like namespace gets a RoCE-style secondary interface through `plexus`.
-# Placeholder until the meta-plugin (issue #6) and the runtime/demo work (issue #7) land.
-echo "scripts/demo.sh: the plexus main job arrives with issue #6 (meta-plugin) and issue #7 (demo command)."
-echo "Today: 'bash scripts/test.sh' builds the CNI library and runs its tests against the reference plugins."
+# The main job, on a fresh machine (as root): build plexus, then give a pod-like network namespace
+# a RoCE-style secondary interface through the `plexus` meta-plugin — a macvlan on a veth that
+# stands in for a ConnectX port (MTU 9000), its address from plexus-ipam's file store, the
+# NetworkAttachmentDefinition read from a file. Prints the result and the interface as `ip` shows
+# it, then DELs and removes everything it made.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (it creates network namespaces)" >&2; exit 1; }
+command -v ip >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends iproute2; }
+
+echo "== building plexus (scripts/build-release.sh)"
+BIN=$(bash scripts/build-release.sh)
+
+work=$(mktemp -d)
+node=plexus-demo-node-$$ pod=plexus-demo-pod-$$
+cleanup() { ip netns del "$pod" 2>/dev/null || true; ip netns del "$node" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "== a node namespace with a 'RoCE port' (veth, MTU 9000) and a pod namespace"
+ip netns add "$node"; ip netns add "$pod"
+ip -n "$node" link add ens1f0 mtu 9000 type veth peer name ens1f0-peer
+ip -n "$node" link set ens1f0 up; ip -n "$node" link set ens1f0-peer up
+
+mkdir -p "$work/nads"
+cat > "$work/nads/rail0.yaml" <<YAML
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata:
+  name: rail0
+  namespace: default
+spec:
+  config: |
+    {"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "ens1f0", "mode": "bridge",
+     "ipam": {"type": "plexus-ipam", "range": "198.18.100.0/24", "gateway": "198.18.100.1",
+              "dataDir": "$work/ipam"}}
+YAML
+cat > "$work/plexus.conf" <<JSON
+{"cniVersion": "1.0.0", "name": "plexus", "type": "plexus",
+ "nadDir": "$work/nads", "networks": "rail0", "cniDir": "$work/cache", "binDir": "$BIN"}
+JSON
+cni() {
+  ip netns exec "$node" env CNI_COMMAND="$1" CNI_CONTAINERID=demo CNI_NETNS="/run/netns/$pod" \
+    CNI_IFNAME=eth0 CNI_PATH="$BIN" "$BIN/plexus" < "$work/plexus.conf"
+}
+echo "== ADD through plexus (NAD rail0 from a file: plexus-macvlan + plexus-ipam)"
+cni ADD
+echo "== the pod's secondary interface"
+ip -n "$pod" -d addr show net1
+echo "== DEL"
+cni DEL
+echo "interfaces left in the pod: $(ip -n "$pod" -o link show | awk -F': ' '{print $2}' | tr '\n' ' ')"
+echo "addresses held in the IPAM store: $(ls "$work/ipam/default/ips" | wc -l)"

@@ -191,6 +191,14 @@ impl CniArgs {
         self.pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
+    /// Set `key` (replacing an earlier value), keeping the order of first appearance.
+    pub fn set(&mut self, key: &str, value: &str) {
+        match self.pairs.iter_mut().find(|(k, _)| k == key) {
+            Some(pair) => pair.1 = value.to_string(),
+            None => self.pairs.push((key.to_string(), value.to_string())),
+        }
+    }
+
     pub fn pairs(&self) -> &[(String, String)] {
         &self.pairs
     }

@@ -1,0 +1,14 @@
+//! plexus-k8s: the Kubernetes side of the meta-plugin. Network selection parsing, NADs (from the
+//! API or a directory of manifests), network-status, the kubelet device checkpoint.
+//!
+//! Must not: run plugins or touch the kernel; the meta-plugin does that with what this returns.
+
+pub mod checkpoint;
+pub mod error;
+pub mod nad;
+pub mod selection;
+pub mod status;
+
+pub use error::K8sError;
+pub use nad::{DirSource, Nad, NadSource};
+pub use selection::{NetworkSelection, parse_selections};

@@ -1,0 +1,233 @@
+//! NetworkAttachmentDefinitions: their CNI configuration (nad-client `GetCNIConfig` rules), and a
+//! source of them — a directory of manifests for standalone use, or the Kubernetes API.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::error::K8sError;
+
+/// The NAD annotation naming the device-plugin resource its attachments use.
+pub const RESOURCE_NAME_ANNOTATION: &str = "k8s.v1.cni.cncf.io/resourceName";
+
+/// A NetworkAttachmentDefinition, as much of it as plexus reads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nad {
+    pub namespace: String,
+    pub name: String,
+    /// `k8s.v1.cni.cncf.io/resourceName`
+    pub resource_name: Option<String>,
+    /// `spec.config` (a JSON text), empty when the config lives in `confDir`.
+    pub config: String,
+}
+
+impl Nad {
+    /// From a NAD object (API JSON or a parsed manifest).
+    pub fn from_object(obj: &Value) -> Result<Nad, K8sError> {
+        let meta = obj.get("metadata").ok_or_else(|| K8sError::Config("NetworkAttachmentDefinition without metadata".into()))?;
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+        let name = text(meta.get("name")).ok_or_else(|| K8sError::Config("NetworkAttachmentDefinition without metadata.name".into()))?;
+        Ok(Nad {
+            namespace: text(meta.get("namespace")).unwrap_or_else(|| "default".into()),
+            name,
+            resource_name: text(meta.get("annotations").and_then(|a| a.get(RESOURCE_NAME_ANNOTATION))),
+            config: text(obj.get("spec").and_then(|s| s.get("config"))).unwrap_or_default(),
+        })
+    }
+
+    /// The delegate configuration: `spec.config`, or the file in `conf_dir` whose `name` is the
+    /// NAD's; a config without `name` gets the NAD's name. A conflist stays a conflist.
+    pub fn cni_config(&self, conf_dir: &Path) -> Result<Value, K8sError> {
+        let mut conf: Value = if self.config.trim().is_empty() {
+            find_conf_by_name(conf_dir, &self.name)?.ok_or_else(|| {
+                K8sError::Config(format!(
+                    "network-attachment-definition {}/{} has no spec.config and no conf named {:?} is in {}",
+                    self.namespace,
+                    self.name,
+                    self.name,
+                    conf_dir.display()
+                ))
+            })?
+        } else {
+            serde_json::from_str(&self.config).map_err(|e| {
+                K8sError::Config(format!("network-attachment-definition {}/{}: spec.config: {e}", self.namespace, self.name))
+            })?
+        };
+        let obj = conf.as_object_mut().ok_or_else(|| {
+            K8sError::Config(format!("network-attachment-definition {}/{}: spec.config is not an object", self.namespace, self.name))
+        })?;
+        if obj.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
+            obj.insert("name".into(), self.name.clone().into());
+        }
+        Ok(conf)
+    }
+}
+
+/// A CNI conf (`.conf`, `.json`, `.conflist`) in `dir` whose `name` is `name` (first by file name).
+pub fn find_conf_by_name(dir: &Path, name: &str) -> Result<Option<Value>, K8sError> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(None) };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("conf" | "json" | "conflist")))
+        .collect();
+    files.sort();
+    for f in files {
+        let Ok(text) = std::fs::read(&f) else { continue };
+        let Ok(v) = serde_json::from_slice::<Value>(&text) else { continue };
+        if v.get("name").and_then(Value::as_str) == Some(name) {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+/// Where NADs come from.
+pub trait NadSource {
+    fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError>;
+}
+
+/// NAD manifests in a directory (`nadDir`): YAML or JSON files, one or several documents each
+/// (`---`), or a `List`. Read on every invocation: no daemon, no cache to go stale.
+#[derive(Debug)]
+pub struct DirSource {
+    nads: BTreeMap<(String, String), Nad>,
+}
+
+impl DirSource {
+    pub fn load(dir: &Path) -> Result<DirSource, K8sError> {
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| K8sError::Io(format!("nadDir {}: {e}", dir.display())))?;
+        let mut files: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
+            .collect();
+        files.sort();
+        let mut nads = BTreeMap::new();
+        for f in files {
+            let text = std::fs::read_to_string(&f).map_err(|e| K8sError::Io(format!("{}: {e}", f.display())))?;
+            let docs: Vec<Value> = if f.extension().is_some_and(|e| e == "json") {
+                vec![serde_json::from_str(&text).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?]
+            } else {
+                serde_saphyr::from_multiple(&text).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?
+            };
+            for doc in docs.iter().flat_map(list_items) {
+                if doc.get("kind").and_then(Value::as_str) != Some("NetworkAttachmentDefinition") {
+                    continue;
+                }
+                let nad = Nad::from_object(doc).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?;
+                nads.insert((nad.namespace.clone(), nad.name.clone()), nad);
+            }
+        }
+        Ok(DirSource { nads })
+    }
+
+    pub fn len(&self) -> usize {
+        self.nads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nads.is_empty()
+    }
+}
+
+fn list_items(doc: &Value) -> Vec<&Value> {
+    match doc.get("items").and_then(Value::as_array) {
+        Some(items) if doc.get("kind").and_then(Value::as_str).is_some_and(|k| k.ends_with("List")) => items.iter().collect(),
+        _ => vec![doc],
+    }
+}
+
+impl NadSource for DirSource {
+    fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
+        self.nads
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+            .ok_or_else(|| K8sError::NadNotFound { namespace: namespace.into(), name: name.into() })
+    }
+}
+
+/// Whether `conf` is a conflist (has `plugins`).
+pub fn is_conflist(conf: &Value) -> bool {
+    conf.get("plugins").is_some_and(Value::is_array)
+}
+
+/// Copy `deviceID`/`pciBusID` into a delegate config: the top level of a single conf, every plugin
+/// of a conflist (so a chained RDMA plugin sees it too; Multus #448).
+pub fn inject_device_id(conf: &mut Value, device_id: &str) {
+    let put = |m: &mut Map<String, Value>| {
+        m.insert("deviceID".into(), device_id.into());
+        m.insert("pciBusID".into(), device_id.into());
+    };
+    match conf.get_mut("plugins").and_then(Value::as_array_mut) {
+        Some(plugins) => plugins.iter_mut().filter_map(Value::as_object_mut).for_each(put),
+        None => {
+            if let Some(m) = conf.as_object_mut() {
+                put(m)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nads_load_from_yaml_and_json_manifests_with_several_documents() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("rails.yaml"),
+            r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata:
+  name: rail0
+  namespace: ml
+  annotations:
+    k8s.v1.cni.cncf.io/resourceName: nvidia.com/hostdev
+spec:
+  config: '{"cniVersion":"1.0.0","type":"plexus-macvlan","master":"ens1f0"}'
+---
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata:
+  name: rail1
+spec:
+  config: |
+    {"cniVersion": "1.0.0", "name": "custom", "plugins": [{"type": "plexus-macvlan"}]}
+"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("empty.json"),
+            r#"{"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition","metadata":{"name":"fromfile","namespace":"ml"}}"#,
+        )
+        .unwrap();
+        let src = DirSource::load(dir.path()).unwrap();
+        assert_eq!(src.len(), 3);
+        let rail0 = src.nad("ml", "rail0").unwrap();
+        assert_eq!(rail0.resource_name.as_deref(), Some("nvidia.com/hostdev"));
+        let conf = rail0.cni_config(dir.path()).unwrap();
+        assert_eq!(conf["name"], "rail0", "a config without name gets the NAD's");
+        let rail1 = src.nad("default", "rail1").unwrap().cni_config(dir.path()).unwrap();
+        assert!(is_conflist(&rail1));
+        assert_eq!(rail1["name"], "custom");
+        let confs = tempfile::tempdir().unwrap();
+        std::fs::write(confs.path().join("10-x.conf"), r#"{"cniVersion":"1.0.0","name":"fromfile","type":"static"}"#).unwrap();
+        assert_eq!(src.nad("ml", "fromfile").unwrap().cni_config(confs.path()).unwrap()["type"], "static");
+        let e = src.nad("ml", "nope").unwrap_err();
+        assert_eq!(e.to_string(), "cannot find a network-attachment-definition (nope) in namespace (ml)");
+    }
+
+    #[test]
+    fn device_ids_reach_every_plugin_of_a_chain() {
+        let mut list = serde_json::json!({"plugins": [{"type": "a"}, {"type": "b"}]});
+        inject_device_id(&mut list, "0000:3b:00.2");
+        assert_eq!(list["plugins"][1]["pciBusID"], "0000:3b:00.2");
+        let mut single = serde_json::json!({"type": "a"});
+        inject_device_id(&mut single, "mlx5_core.sf.4");
+        assert_eq!(single["deviceID"], "mlx5_core.sf.4");
+    }
+}

@@ -1,0 +1,112 @@
+//! The meta-plugin's configuration: Multus's thin-plugin keys with their meaning and defaults,
+//! plus plexus's `nadDir`, `networks`, `apiTimeout` and `kubeletCheckpoint`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plexus_cni::{Error, Request};
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaConf {
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(default)]
+    pub cluster_network: Option<String>,
+    #[serde(default)]
+    pub default_networks: Vec<String>,
+    #[serde(default)]
+    pub delegates: Vec<Value>,
+    #[serde(default = "default_conf_dir")]
+    pub conf_dir: PathBuf,
+    #[serde(default = "default_cni_dir")]
+    pub cni_dir: PathBuf,
+    #[serde(default = "default_bin_dir")]
+    pub bin_dir: PathBuf,
+    #[serde(default)]
+    pub namespace_isolation: bool,
+    /// Comma-separated namespaces exempt from isolation (replaces the default `default`).
+    #[serde(default)]
+    pub global_namespaces: Option<String>,
+    #[serde(default = "default_system_namespaces")]
+    pub system_namespaces: Vec<String>,
+    #[serde(default = "default_multus_namespace")]
+    pub multus_namespace: String,
+    #[serde(default, rename = "readinessindicatorfile")]
+    pub readiness_indicator_file: Option<PathBuf>,
+    #[serde(default)]
+    pub retry_delete_on_error: bool,
+    /// plexus: NetworkAttachmentDefinition manifests, used when no Kubernetes API is configured.
+    #[serde(default)]
+    pub nad_dir: Option<PathBuf>,
+    /// plexus: the selection (annotation syntax) when there is no pod annotation to read.
+    #[serde(default)]
+    pub networks: Option<String>,
+    /// plexus: deadline of each Kubernetes API call, in seconds.
+    #[serde(default)]
+    pub api_timeout: Option<f64>,
+    /// plexus: the kubelet device-plugin checkpoint (device IDs of `resourceName` NADs).
+    #[serde(default)]
+    pub kubelet_checkpoint: Option<PathBuf>,
+}
+
+fn default_conf_dir() -> PathBuf {
+    "/etc/cni/multus/net.d".into()
+}
+fn default_cni_dir() -> PathBuf {
+    "/var/lib/cni/plexus".into()
+}
+fn default_bin_dir() -> PathBuf {
+    "/opt/cni/bin".into()
+}
+fn default_system_namespaces() -> Vec<String> {
+    vec!["kube-system".into()]
+}
+fn default_multus_namespace() -> String {
+    "kube-system".into()
+}
+
+/// How long the readiness indicator file is waited for (Multus: 45 s).
+pub const READINESS_WAIT: Duration = Duration::from_secs(45);
+/// Default deadline of each API call.
+pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl MetaConf {
+    pub fn load(req: &Request) -> Result<MetaConf, Error> {
+        let conf: MetaConf = req.config_as()?;
+        if conf.cluster_network.as_deref().is_some_and(|c| !c.is_empty()) && !conf.delegates.is_empty() {
+            return Err(Error::invalid_config("\"clusterNetwork\" and \"delegates\" are mutually exclusive"));
+        }
+        Ok(conf)
+    }
+
+    pub fn api_timeout(&self) -> Duration {
+        self.api_timeout.filter(|t| *t > 0.0).map(Duration::from_secs_f64).unwrap_or(DEFAULT_API_TIMEOUT)
+    }
+
+    /// Namespaces a pod in any namespace may take NADs from under `namespaceIsolation`.
+    pub fn global_namespaces(&self) -> Vec<String> {
+        match &self.global_namespaces {
+            Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            None => vec!["default".into()],
+        }
+    }
+
+    /// Wait for the readiness indicator file (ADD); DEL does not wait.
+    pub fn wait_ready(&self) -> Result<(), Error> {
+        let Some(file) = &self.readiness_indicator_file else { return Ok(()) };
+        let deadline = std::time::Instant::now() + READINESS_WAIT;
+        while !file.exists() {
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::try_again_later(format!(
+                    "readinessindicatorfile {} did not appear within {READINESS_WAIT:?}",
+                    file.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Ok(())
+    }
+}

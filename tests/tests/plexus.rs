@@ -1,0 +1,220 @@
+//! The plexus meta-plugin, standalone (NADs from a directory, the selection from `networks`), in
+//! real namespaces with real delegates: plexus-macvlan + plexus-ipam, and a conflist chaining the
+//! reference `tuning`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use plexus_tests::{Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
+use serde_json::{Value, json};
+
+struct Standalone {
+    lab: Lab,
+    dir: tempfile::TempDir,
+}
+
+fn bin_dir() -> PathBuf {
+    plugin_bin("plexus").parent().unwrap().to_path_buf()
+}
+
+impl Standalone {
+    fn new() -> Standalone {
+        let lab = Lab::new();
+        lab.add_nic("nic0", 9000);
+        lab.add_nic("nic1", 9000);
+        let s = Standalone { lab, dir: tempfile::tempdir().unwrap() };
+        std::fs::create_dir_all(s.nads()).unwrap();
+        s.nad("rail0", "default", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+            "ipam": {"type": "plexus-ipam", "range": "198.18.20.0/24", "dataDir": s.ipam_dir()}}));
+        s.nad("rail1", "default", json!({"cniVersion": "1.0.0", "name": "rail1-chain", "plugins": [
+            {"type": "plexus-macvlan", "master": "nic1",
+             "ipam": {"type": "plexus-ipam", "range": "198.18.21.0/24", "dataDir": s.ipam_dir()}},
+            {"type": "tuning", "promisc": true}]}));
+        s
+    }
+
+    fn nads(&self) -> PathBuf {
+        self.dir.path().join("nads")
+    }
+
+    fn ipam_dir(&self) -> String {
+        self.dir.path().join("ipam").display().to_string()
+    }
+
+    fn cache_dir(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    fn nad(&self, name: &str, ns: &str, config: Value) {
+        let yaml = format!(
+            "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  config: '{}'\n",
+            config
+        );
+        std::fs::write(self.nads().join(format!("{ns}-{name}.yaml")), yaml).unwrap();
+    }
+
+    fn conf(&self, networks: &str) -> Value {
+        json!({"cniVersion": "1.1.0", "name": "plexus", "type": "plexus", "nadDir": self.nads(),
+               "networks": networks, "cniDir": self.cache_dir(), "binDir": bin_dir()})
+    }
+
+    fn run(&self, verb: &str, c: &Value) -> Outcome {
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &self.lab.pod.path(), "eth0", &format!("{}:{REFERENCE_CNI_DIR}", bin_dir().display()))
+            .stdin(c)
+            .in_netns(&self.lab.node)
+            .run()
+    }
+
+    fn held_addresses(&self) -> usize {
+        std::fs::read_dir(Path::new(&self.ipam_dir()).join("default/ips")).map(|d| d.count()).unwrap_or(0)
+    }
+
+    fn pod_links(&self) -> Vec<String> {
+        self.lab.pod.links().into_iter().map(|l| l.ifname).collect()
+    }
+}
+
+#[test]
+fn two_networks_one_a_conflist_attach_as_net1_and_net2_and_del_removes_everything() {
+    let s = Standalone::new();
+    let c = s.conf("rail0,rail1");
+    let r = s.run("ADD", &c).result();
+    assert_eq!(r["cniVersion"], "1.1.0");
+    let names: Vec<&str> = r["interfaces"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["net1", "net2"], "no cluster network: the result lists every attachment");
+    assert_eq!(r["ips"][0]["address"], "198.18.20.1/24");
+    assert_eq!(r["ips"][1]["address"], "198.18.21.1/24");
+    assert_eq!(r["ips"][1]["interface"], 1);
+    assert_eq!(s.lab.pod.addrs("net1")[0].cidr(), "198.18.20.1/24");
+    assert_eq!(s.lab.pod.addrs("net2")[0].cidr(), "198.18.21.1/24");
+    let net2 = s.lab.pod.link("net2").unwrap();
+    assert!(net2.flags.iter().any(|f| f == "PROMISC"), "the chained tuning ran: {:?}", net2.flags);
+    // The cache: written before the delegates, private.
+    let cache = s.cache_dir().join("pod1");
+    let meta = std::fs::metadata(&cache).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(s.cache_dir()).unwrap().permissions().mode() & 0o777, 0o700);
+    let cached: Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    assert_eq!(cached["attachments"][1]["network"], "default/rail1");
+    assert_eq!(cached["attachments"][1]["conf"]["plugins"][1]["type"], "tuning", "the conflist is kept whole");
+
+    let check = s.run("CHECK", &c);
+    assert!(check.success(), "{}", check.stdout);
+    assert!(s.run("DEL", &c).success());
+    assert_eq!(s.pod_links(), ["lo"]);
+    assert_eq!(s.held_addresses(), 0);
+    assert!(!cache.exists());
+    assert!(s.run("DEL", &c).success(), "DEL again");
+}
+
+#[test]
+fn a_failing_second_delegate_rolls_back_the_first_and_names_the_network() {
+    let s = Standalone::new();
+    s.nad("broken", "default", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nope0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.22.0/24", "dataDir": s.ipam_dir()}}));
+    let (code, msg, _) = s.run("ADD", &s.conf("rail0,broken")).error();
+    assert_eq!(code, 7, "the delegate's code");
+    assert!(msg.contains("adding network default/broken (net2)"), "{msg}");
+    assert!(msg.ends_with("master interface \"nope0\" not found"), "the delegate's message: {msg}");
+    assert_eq!(s.pod_links(), ["lo"], "net1 rolled back");
+    assert_eq!(s.held_addresses(), 0, "its address released");
+    assert!(!s.cache_dir().join("pod1").exists(), "no cache survives a failed ADD");
+}
+
+#[test]
+fn del_works_from_the_cache_without_it_with_it_corrupt_and_with_nothing() {
+    let s = Standalone::new();
+    let c = s.conf("rail0");
+    // Cache removed: the attachments are rebuilt from the selection.
+    assert!(s.run("ADD", &c).success());
+    std::fs::remove_file(s.cache_dir().join("pod1")).unwrap();
+    assert!(s.run("DEL", &c).success());
+    assert_eq!((s.pod_links(), s.held_addresses()), (vec!["lo".to_string()], 0));
+    // Cache corrupt: rebuilt too, not skipped (Multus #1087).
+    assert!(s.run("ADD", &c).success());
+    std::fs::write(s.cache_dir().join("pod1"), "{not json").unwrap();
+    assert!(s.run("DEL", &c).success());
+    assert_eq!((s.pod_links(), s.held_addresses()), (vec!["lo".to_string()], 0));
+    assert!(!s.cache_dir().join("pod1").exists());
+    // Neither cache nor NADs: log and succeed.
+    let mut bare = c.clone();
+    bare["nadDir"] = json!(s.dir.path().join("no-such-dir"));
+    assert!(s.run("DEL", &bare).success());
+}
+
+#[test]
+fn explicit_interface_names_do_not_renumber_the_rest_and_check_sees_every_attachment() {
+    let s = Standalone::new();
+    let c = s.conf("rail0@roce0,rail1");
+    let r = s.run("ADD", &c).result();
+    assert_eq!(r["interfaces"][0]["name"], "roce0");
+    assert_eq!(r["interfaces"][1]["name"], "net2");
+    s.lab.pod.ip(&["link", "set", "net2", "mtu", "1500"]);
+    let (code, msg, _) = s.run("CHECK", &c).error();
+    assert_eq!(code, 104);
+    assert!(msg.contains("network default/rail1") && msg.contains("net2 has MTU 1500, expected 9000"), "{msg}");
+}
+
+#[test]
+fn selection_errors_and_missing_nads_are_clear() {
+    let s = Standalone::new();
+    let (code, msg, _) = s.run("ADD", &s.conf("rail0,ml/missing")).error();
+    assert_eq!((code, msg.as_str()), (7, "cannot find a network-attachment-definition (missing) in namespace (ml)"));
+    let (code, msg, _) = s.run("ADD", &s.conf("Bad_Name")).error();
+    assert_eq!(code, 7);
+    assert!(msg.starts_with("invalid network selection \"Bad_Name\""), "{msg}");
+    assert_eq!(s.pod_links(), ["lo"]);
+    let mut isolated = s.conf("ml/rail9");
+    isolated["namespaceIsolation"] = json!(true);
+    s.nad("rail9", "ml", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0"}));
+    let (code, msg, _) = s.run("ADD", &isolated).error();
+    assert_eq!(code, 7);
+    assert!(msg.starts_with("namespace isolation: pod default/ may not use network-attachment-definition ml/rail9"), "{msg}");
+}
+
+#[test]
+fn resource_nads_get_the_pods_sorted_device_ids_from_the_kubelet_checkpoint() {
+    let s = Standalone::new();
+    let spy_dir = tempfile::tempdir().unwrap();
+    let spy = spy_dir.path().join("spy-hostdev");
+    std::fs::write(
+        &spy,
+        format!(
+            "#!/bin/sh\ncat > {d}/$CNI_IFNAME.$CNI_COMMAND.json\n[ \"$CNI_COMMAND\" = ADD ] && echo '{{\"cniVersion\":\"1.0.0\",\"interfaces\":[{{\"name\":\"'$CNI_IFNAME'\",\"sandbox\":\"'$CNI_NETNS'\"}}]}}'\nexit 0\n",
+            d = spy_dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&spy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nad = "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: hostdev\n  namespace: default\n  annotations:\n    k8s.v1.cni.cncf.io/resourceName: nvidia.com/hostdev\nspec:\n  config: '{\"cniVersion\":\"1.0.0\",\"type\":\"spy-hostdev\",\"capabilities\":{\"deviceID\":true,\"CNIDeviceInfoFile\":true}}'\n";
+    std::fs::write(s.nads().join("hostdev.yaml"), nad).unwrap();
+    let checkpoint = s.dir.path().join("kubelet_internal_checkpoint");
+    std::fs::write(
+        &checkpoint,
+        r#"{"Data":{"PodDeviceEntries":[{"PodUID":"uid-1","ContainerName":"c","ResourceName":"nvidia.com/hostdev",
+            "DeviceIDs":{"0":["0000:3b:00.3","0000:3b:00.2"]},"AllocResp":""}],"RegisteredDevices":{}},"Checksum":0}"#,
+    )
+    .unwrap();
+    let mut c = s.conf("hostdev,hostdev");
+    c["kubeletCheckpoint"] = json!(checkpoint);
+    let path = format!("{}:{}", spy_dir.path().display(), bin_dir().display());
+    let out = PluginRun::new(plugin_bin("plexus"), "ADD")
+        .attachment("pod1", &s.lab.pod.path(), "eth0", &path)
+        .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer-0;K8S_POD_UID=uid-1")
+        .stdin(&c)
+        .in_netns(&s.lab.node)
+        .run();
+    assert!(out.success(), "{}", out.stdout);
+    let seen = |ifname: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(spy_dir.path().join(format!("{ifname}.ADD.json"))).unwrap()).unwrap()
+    };
+    let (a, b) = (seen("net1"), seen("net2"));
+    assert_eq!((a["deviceID"].as_str(), a["pciBusID"].as_str()), (Some("0000:3b:00.2"), Some("0000:3b:00.2")));
+    assert_eq!(b["deviceID"], "0000:3b:00.3", "one device per attachment, in sorted order");
+    assert_eq!(a["runtimeConfig"]["deviceID"], "0000:3b:00.2");
+    assert_eq!(
+        a["runtimeConfig"]["CNIDeviceInfoFile"],
+        "/var/run/k8s.cni.cncf.io/devinfo/cni/default-hostdev-pod1_net1"
+    );
+}
