@@ -8,6 +8,7 @@
 //! 198.18.0.0/15 and 2001:db8::/32; tests need root and fail, loudly, without it.
 
 pub mod etcd;
+pub mod fake_api;
 pub mod kernel;
 pub mod netns;
 pub mod runner;

@@ -24,12 +24,20 @@ impl Standalone {
         lab.add_nic("nic1", 9000);
         let s = Standalone { lab, dir: tempfile::tempdir().unwrap() };
         std::fs::create_dir_all(s.nads()).unwrap();
-        s.nad("rail0", "default", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
-            "ipam": {"type": "plexus-ipam", "range": "198.18.20.0/24", "dataDir": s.ipam_dir()}}));
-        s.nad("rail1", "default", json!({"cniVersion": "1.0.0", "name": "rail1-chain", "plugins": [
+        s.nad(
+            "rail0",
+            "default",
+            json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+            "ipam": {"type": "plexus-ipam", "range": "198.18.20.0/24", "dataDir": s.ipam_dir()}}),
+        );
+        s.nad(
+            "rail1",
+            "default",
+            json!({"cniVersion": "1.0.0", "name": "rail1-chain", "plugins": [
             {"type": "plexus-macvlan", "master": "nic1",
              "ipam": {"type": "plexus-ipam", "range": "198.18.21.0/24", "dataDir": s.ipam_dir()}},
-            {"type": "tuning", "promisc": true}]}));
+            {"type": "tuning", "promisc": true}]}),
+        );
         s
     }
 
@@ -111,8 +119,12 @@ fn two_networks_one_a_conflist_attach_as_net1_and_net2_and_del_removes_everythin
 #[test]
 fn a_failing_second_delegate_rolls_back_the_first_and_names_the_network() {
     let s = Standalone::new();
-    s.nad("broken", "default", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nope0",
-        "ipam": {"type": "plexus-ipam", "range": "198.18.22.0/24", "dataDir": s.ipam_dir()}}));
+    s.nad(
+        "broken",
+        "default",
+        json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nope0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.22.0/24", "dataDir": s.ipam_dir()}}),
+    );
     let (code, msg, _) = s.run("ADD", &s.conf("rail0,broken")).error();
     assert_eq!(code, 7, "the delegate's code");
     assert!(msg.contains("adding network default/broken (net2)"), "{msg}");
@@ -170,7 +182,10 @@ fn selection_errors_and_missing_nads_are_clear() {
     s.nad("rail9", "ml", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0"}));
     let (code, msg, _) = s.run("ADD", &isolated).error();
     assert_eq!(code, 7);
-    assert!(msg.starts_with("namespace isolation: pod default/ may not use network-attachment-definition ml/rail9"), "{msg}");
+    assert!(
+        msg.starts_with("namespace isolation: pod default/ may not use network-attachment-definition ml/rail9"),
+        "{msg}"
+    );
 }
 
 #[test]

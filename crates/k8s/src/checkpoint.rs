@@ -20,7 +20,9 @@ pub fn device_ids(path: &Path, pod_uid: &str, resource: &str) -> Result<Vec<Stri
     let entries = doc.pointer("/Data/PodDeviceEntries").and_then(Value::as_array).cloned().unwrap_or_default();
     let mut ids: Vec<String> = Vec::new();
     for e in entries {
-        if e.get("PodUID").and_then(Value::as_str) != Some(pod_uid) || e.get("ResourceName").and_then(Value::as_str) != Some(resource) {
+        if e.get("PodUID").and_then(Value::as_str) != Some(pod_uid)
+            || e.get("ResourceName").and_then(Value::as_str) != Some(resource)
+        {
             continue;
         }
         match e.get("DeviceIDs") {
@@ -55,7 +57,10 @@ mod tests {
               "RegisteredDevices":{}},"Checksum":1}"#,
         )
         .unwrap();
-        assert_eq!(device_ids(&p, "u1", "nvidia.com/hostdev").unwrap(), ["0000:3b:00.2", "0000:3b:00.3", "0000:d8:00.2"]);
+        assert_eq!(
+            device_ids(&p, "u1", "nvidia.com/hostdev").unwrap(),
+            ["0000:3b:00.2", "0000:3b:00.3", "0000:d8:00.2"]
+        );
         assert_eq!(device_ids(&p, "u2", "nvidia.com/hostdev").unwrap(), ["0000:5e:00.2"]);
         assert!(device_ids(&p, "u3", "nvidia.com/hostdev").unwrap().is_empty());
     }

@@ -3,6 +3,7 @@
 //!
 //! Must not: run plugins or touch the kernel; the meta-plugin does that with what this returns.
 
+pub mod api;
 pub mod checkpoint;
 pub mod error;
 pub mod nad;

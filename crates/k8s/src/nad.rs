@@ -25,9 +25,12 @@ pub struct Nad {
 impl Nad {
     /// From a NAD object (API JSON or a parsed manifest).
     pub fn from_object(obj: &Value) -> Result<Nad, K8sError> {
-        let meta = obj.get("metadata").ok_or_else(|| K8sError::Config("NetworkAttachmentDefinition without metadata".into()))?;
+        let meta = obj
+            .get("metadata")
+            .ok_or_else(|| K8sError::Config("NetworkAttachmentDefinition without metadata".into()))?;
         let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
-        let name = text(meta.get("name")).ok_or_else(|| K8sError::Config("NetworkAttachmentDefinition without metadata.name".into()))?;
+        let name = text(meta.get("name"))
+            .ok_or_else(|| K8sError::Config("NetworkAttachmentDefinition without metadata.name".into()))?;
         Ok(Nad {
             namespace: text(meta.get("namespace")).unwrap_or_else(|| "default".into()),
             name,
@@ -51,11 +54,17 @@ impl Nad {
             })?
         } else {
             serde_json::from_str(&self.config).map_err(|e| {
-                K8sError::Config(format!("network-attachment-definition {}/{}: spec.config: {e}", self.namespace, self.name))
+                K8sError::Config(format!(
+                    "network-attachment-definition {}/{}: spec.config: {e}",
+                    self.namespace, self.name
+                ))
             })?
         };
         let obj = conf.as_object_mut().ok_or_else(|| {
-            K8sError::Config(format!("network-attachment-definition {}/{}: spec.config is not an object", self.namespace, self.name))
+            K8sError::Config(format!(
+                "network-attachment-definition {}/{}: spec.config is not an object",
+                self.namespace, self.name
+            ))
         })?;
         if obj.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
             obj.insert("name".into(), self.name.clone().into());
@@ -97,8 +106,7 @@ pub struct DirSource {
 
 impl DirSource {
     pub fn load(dir: &Path) -> Result<DirSource, K8sError> {
-        let entries =
-            std::fs::read_dir(dir).map_err(|e| K8sError::Io(format!("nadDir {}: {e}", dir.display())))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| K8sError::Io(format!("nadDir {}: {e}", dir.display())))?;
         let mut files: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())
@@ -135,7 +143,9 @@ impl DirSource {
 
 fn list_items(doc: &Value) -> Vec<&Value> {
     match doc.get("items").and_then(Value::as_array) {
-        Some(items) if doc.get("kind").and_then(Value::as_str).is_some_and(|k| k.ends_with("List")) => items.iter().collect(),
+        Some(items) if doc.get("kind").and_then(Value::as_str).is_some_and(|k| k.ends_with("List")) => {
+            items.iter().collect()
+        }
         _ => vec![doc],
     }
 }
@@ -215,7 +225,8 @@ spec:
         assert!(is_conflist(&rail1));
         assert_eq!(rail1["name"], "custom");
         let confs = tempfile::tempdir().unwrap();
-        std::fs::write(confs.path().join("10-x.conf"), r#"{"cniVersion":"1.0.0","name":"fromfile","type":"static"}"#).unwrap();
+        std::fs::write(confs.path().join("10-x.conf"), r#"{"cniVersion":"1.0.0","name":"fromfile","type":"static"}"#)
+            .unwrap();
         assert_eq!(src.nad("ml", "fromfile").unwrap().cni_config(confs.path()).unwrap()["type"], "static");
         let e = src.nad("ml", "nope").unwrap_err();
         assert_eq!(e.to_string(), "cannot find a network-attachment-definition (nope) in namespace (ml)");

@@ -75,7 +75,8 @@ impl NetworkSelection {
             }
         }
         if let Some(mac) = &self.mac {
-            let ok = mac.split(':').count() == 6 && mac.split(':').all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok());
+            let ok = mac.split(':').count() == 6
+                && mac.split(':').all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok());
             if !ok {
                 return Err(bad(item, format!("mac {mac:?} is not a MAC address")));
             }
@@ -136,7 +137,10 @@ mod tests {
         let s = parse_selections(" rail0, ml/rail1@roce1 ,rail0 ").unwrap();
         assert_eq!(s.len(), 3, "the same NAD may appear twice");
         assert_eq!((s[0].name.as_str(), s[0].namespace.as_deref(), s[0].interface.as_deref()), ("rail0", None, None));
-        assert_eq!((s[1].name.as_str(), s[1].namespace.as_deref(), s[1].interface.as_deref()), ("rail1", Some("ml"), Some("roce1")));
+        assert_eq!(
+            (s[1].name.as_str(), s[1].namespace.as_deref(), s[1].interface.as_deref()),
+            ("rail1", Some("ml"), Some("roce1"))
+        );
     }
 
     #[test]

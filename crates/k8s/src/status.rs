@@ -32,7 +32,13 @@ pub struct NetworkStatus {
 
 /// The status elements of one attachment's result: one per sandbox interface (Multus
 /// `CreateNetworkStatuses`); a result without interfaces still yields one, named after `ifname`.
-pub fn statuses(network: &str, ifname: &str, result: &CniResult, default: bool, device_info: Option<&Value>) -> Vec<NetworkStatus> {
+pub fn statuses(
+    network: &str,
+    ifname: &str,
+    result: &CniResult,
+    default: bool,
+    device_info: Option<&Value>,
+) -> Vec<NetworkStatus> {
     let gateways: Vec<String> = result
         .routes
         .iter()
@@ -41,8 +47,12 @@ pub fn statuses(network: &str, ifname: &str, result: &CniResult, default: bool, 
         .map(|g| g.to_string())
         .collect();
     let dns = (!result.dns.is_empty()).then(|| serde_json::to_value(&result.dns).expect("json"));
-    let in_sandbox: Vec<(usize, &plexus_cni::Interface)> =
-        result.interfaces.iter().enumerate().filter(|(_, i)| i.sandbox.as_deref().is_some_and(|s| !s.is_empty())).collect();
+    let in_sandbox: Vec<(usize, &plexus_cni::Interface)> = result
+        .interfaces
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.sandbox.as_deref().is_some_and(|s| !s.is_empty()))
+        .collect();
     let one = |idx: Option<usize>, iface: Option<&plexus_cni::Interface>| NetworkStatus {
         name: network.to_string(),
         interface: Some(iface.map(|i| i.name.clone()).unwrap_or_else(|| ifname.to_string())),

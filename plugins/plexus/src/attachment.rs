@@ -112,7 +112,9 @@ impl Attachment {
                 m.insert("cni.dev/valid-attachments".into(), v.clone());
                 m.insert("cni.dev/attachments".into(), v.clone());
             }
-            if let Err(e) = delegate::exec(&Self::plugin_type(&Value::Object(list.plugins[i].clone())), command, &env, &conf) {
+            if let Err(e) =
+                delegate::exec(&Self::plugin_type(&Value::Object(list.plugins[i].clone())), command, &env, &conf)
+            {
                 errors.push(e.context(format!("network {}", self.network)));
             }
         }

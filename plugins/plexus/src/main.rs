@@ -19,8 +19,9 @@ use attachment::Attachment;
 use conf::MetaConf;
 use plan::{Pod, SelectionSource};
 use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Request, code, files};
+use plexus_k8s::api::ApiClient;
 use plexus_k8s::nad::{DirSource, NadSource};
-use plexus_k8s::{K8sError, Nad};
+use plexus_k8s::{K8sError, Nad, status};
 use serde_json::Value;
 
 struct Meta;
@@ -29,25 +30,54 @@ fn main() -> ExitCode {
     plexus_cni::plugin::run(About { name: "plexus", version: env!("CARGO_PKG_VERSION") }, &Meta)
 }
 
-/// Where NADs come from when no Kubernetes API is configured: `nadDir`, or nowhere.
-enum Nads {
+/// Where NADs (and the pod's selection) come from: the Kubernetes API when a kubeconfig or the
+/// in-cluster service account is there, else `nadDir` (with the config's `networks`), else
+/// nowhere.
+enum Cluster {
+    Api(ApiClient),
     Dir(DirSource),
     None,
 }
 
-impl NadSource for Nads {
+impl NadSource for Cluster {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
         match self {
-            Nads::Dir(d) => d.nad(namespace, name),
-            Nads::None => Err(K8sError::NadNotFound { namespace: namespace.into(), name: name.into() }),
+            Cluster::Api(api) => api.nad(namespace, name),
+            Cluster::Dir(d) => d.nad(namespace, name),
+            Cluster::None => Err(K8sError::NadNotFound { namespace: namespace.into(), name: name.into() }),
         }
     }
 }
 
-fn nads(conf: &MetaConf) -> Result<Nads, Error> {
+fn cluster(conf: &MetaConf) -> Result<Cluster, Error> {
+    if let Some(api) = ApiClient::connect(conf.kubeconfig.as_deref(), conf.api_timeout())? {
+        return Ok(Cluster::Api(api));
+    }
     match &conf.nad_dir {
-        Some(dir) => Ok(Nads::Dir(DirSource::load(dir)?)),
-        None => Ok(Nads::None),
+        Some(dir) => Ok(Cluster::Dir(DirSource::load(dir)?)),
+        None => Ok(Cluster::None),
+    }
+}
+
+impl Cluster {
+    /// The selection: the pod annotation (API; a pod that is gone selects nothing), else the
+    /// config's `networks`. Checks the pod UID the runtime named, when it named one.
+    fn selection<'a>(&self, conf: &'a MetaConf, pod: &Pod) -> Result<SelectionSource<'a>, Error> {
+        match self {
+            Cluster::Api(api) if !pod.name.is_empty() => match api.pod(&pod.namespace, &pod.name)? {
+                Some(p) => {
+                    if !pod.uid.is_empty() && !p.uid.is_empty() && p.uid != pod.uid {
+                        return Err(Error::try_again_later(format!(
+                            "pod {}/{}: the API has UID {}, the runtime said {}",
+                            pod.namespace, pod.name, p.uid, pod.uid
+                        )));
+                    }
+                    Ok(SelectionSource::Annotation(plexus_k8s::api::selection_annotation(&p)))
+                }
+                None => Ok(SelectionSource::Annotation(None)),
+            },
+            _ => Ok(SelectionSource::Config(conf.networks.as_deref())),
+        }
     }
 }
 
@@ -68,9 +98,26 @@ fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
     env
 }
 
-fn attachments_for(req: &Request, conf: &MetaConf, pod: &Pod) -> Result<Vec<Attachment>, Error> {
-    let nads = nads(conf)?;
-    plan::plan(req, conf, pod, &nads, SelectionSource::Config(conf.networks.as_deref()))
+fn attachments_for(req: &Request, conf: &MetaConf, pod: &Pod, cluster: &Cluster) -> Result<Vec<Attachment>, Error> {
+    plan::plan(req, conf, pod, cluster, cluster.selection(conf, pod)?)
+}
+
+/// network-status for the pod (API only): one element per attachment, device-info included.
+fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], results: &[CniResult]) -> Result<(), Error> {
+    let Cluster::Api(api) = cluster else { return Ok(()) };
+    if pod.name.is_empty() {
+        return Ok(());
+    }
+    let mut all = Vec::new();
+    for (a, r) in attachments.iter().zip(results) {
+        let info = a
+            .device_info_file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        all.extend(status::statuses(&a.network, &a.ifname, r, a.master, info.as_ref()));
+    }
+    Ok(api.set_network_status(&pod.namespace, &pod.name, &all)?)
 }
 
 /// DEL every attachment in reverse, keeping going past failures; device-info files go too.
@@ -93,12 +140,13 @@ impl Plugin for Meta {
         conf.wait_ready()?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
+        let cluster = cluster(&conf)?;
         let mut state = cache::Cache {
             version: cache::CACHE_VERSION,
             container_id: req.env.container_id.clone(),
             netns: req.env.netns.clone(),
             pod_ref: pod.reference(),
-            attachments: attachments_for(req, &conf, &pod)?,
+            attachments: attachments_for(req, &conf, &pod, &cluster)?,
         };
         if state.attachments.is_empty() {
             return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
@@ -127,6 +175,14 @@ impl Plugin for Meta {
                 }
             }
         }
+        if let Err(e) = write_status(&cluster, &pod, &state.attachments, &results) {
+            let rollback = delete_all(&state.attachments, &base);
+            if !rollback.is_empty() {
+                tracing::error!("rollback after the network-status update failed: {}", rollback.join("; "));
+            }
+            let _ = files::remove_if_present(&cache_path);
+            return Err(e.context("set network-status"));
+        }
         let master = state.attachments.iter().position(|a| a.master);
         Ok(match master {
             Some(i) => results.swap_remove(i),
@@ -146,7 +202,7 @@ impl Plugin for Meta {
                     // A cache that does not parse must not make DEL a no-op (Multus #1087).
                     tracing::error!("delegate cache unreadable, rebuilding the attachments: {why}");
                 }
-                match attachments_for(req, &conf, &pod) {
+                match cluster(&conf).and_then(|c| attachments_for(req, &conf, &pod, &c)) {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::error!("cannot rebuild the attachments, nothing deleted: {e}");
@@ -175,7 +231,12 @@ impl Plugin for Meta {
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
         let state = cache::load(&cache_path)
             .map_err(|why| Error::new(code::CHECK_FAILED, format!("delegate cache unreadable: {why}")))?
-            .ok_or_else(|| Error::new(code::CHECK_FAILED, format!("no attachments recorded for container {}", req.env.container_id)))?;
+            .ok_or_else(|| {
+                Error::new(
+                    code::CHECK_FAILED,
+                    format!("no attachments recorded for container {}", req.env.container_id),
+                )
+            })?;
         // Every attachment, not only the cluster network (Multus checks only static delegates).
         for a in &state.attachments {
             a.check(&base)?;
@@ -187,7 +248,7 @@ impl Plugin for Meta {
         let conf = MetaConf::load(req)?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
-        for a in attachments_for(req, &conf, &pod)? {
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf)?)? {
             a.status_or_gc(&base, Command::Status, None)?;
         }
         Ok(())
@@ -213,7 +274,7 @@ impl Plugin for Meta {
             let _ = files::remove_if_present(&path);
         }
         // Then GC on every delegate network, with the attachments still valid for it.
-        for a in attachments_for(req, &conf, &pod)? {
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf)?)? {
             let still: Vec<Value> = kept
                 .iter()
                 .flat_map(|c| {
@@ -230,7 +291,8 @@ impl Plugin for Meta {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(Error::new(code::DELEGATE_FAILED, "GC could not clean every attachment").with_details(errors.join("; ")))
+            Err(Error::new(code::DELEGATE_FAILED, "GC could not clean every attachment")
+                .with_details(errors.join("; ")))
         }
     }
 }

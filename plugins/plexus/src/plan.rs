@@ -59,15 +59,15 @@ pub fn resolve_network(reference: &str, conf: &MetaConf, nads: &dyn NadSource) -
     }
     match nads.nad(&conf.multus_namespace, reference) {
         Ok(nad) => Ok((reference.to_string(), nad.cni_config(&conf.conf_dir)?)),
-        Err(K8sError::NadNotFound { .. }) => nad::find_conf_by_name(&conf.conf_dir, reference)?
-            .map(|v| (reference.to_string(), v))
-            .ok_or_else(|| {
+        Err(K8sError::NadNotFound { .. }) => {
+            nad::find_conf_by_name(&conf.conf_dir, reference)?.map(|v| (reference.to_string(), v)).ok_or_else(|| {
                 Error::invalid_config(format!(
                     "network {reference:?}: no network-attachment-definition in {} and no conf of that name in {}",
                     conf.multus_namespace,
                     conf.conf_dir.display()
                 ))
-            }),
+            })
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -111,10 +111,21 @@ fn selection_caps(sel: &NetworkSelection) -> Map<String, Value> {
 
 /// Every attachment of this pod, in order, with interface names `net1`, `net2`, ... for the
 /// secondaries (an explicit `interface` does not renumber the rest: `a@foo,b` gives foo, net2).
-pub fn plan(req: &Request, conf: &MetaConf, pod: &Pod, nads: &dyn NadSource, selection: SelectionSource<'_>) -> Result<Vec<Attachment>, Error> {
+pub fn plan(
+    req: &Request,
+    conf: &MetaConf,
+    pod: &Pod,
+    nads: &dyn NadSource,
+    selection: SelectionSource<'_>,
+) -> Result<Vec<Attachment>, Error> {
     let runtime_caps = req.config.runtime_config.clone().unwrap_or_default();
     let mut out: Vec<Attachment> = Vec::new();
-    let push = |out: &mut Vec<Attachment>, network: String, conf_v: Value, master: bool, caps: Map<String, Value>, ifname: Option<String>| {
+    let push = |out: &mut Vec<Attachment>,
+                network: String,
+                conf_v: Value,
+                master: bool,
+                caps: Map<String, Value>,
+                ifname: Option<String>| {
         let idx = out.len();
         let ifname = match (master, ifname) {
             (true, _) => req.env.ifname.clone(),
@@ -124,7 +135,15 @@ pub fn plan(req: &Request, conf: &MetaConf, pod: &Pod, nads: &dyn NadSource, sel
         // The runtime's own capability arguments reach every delegate; the selection's win.
         let mut all_caps = runtime_caps.clone();
         all_caps.extend(caps);
-        out.push(Attachment { network, ifname, master, conf: conf_v, capability_args: all_caps, result: None, device_info_file: None });
+        out.push(Attachment {
+            network,
+            ifname,
+            master,
+            conf: conf_v,
+            capability_args: all_caps,
+            result: None,
+            device_info_file: None,
+        });
     };
     if let Some(cn) = conf.cluster_network.as_deref().filter(|c| !c.is_empty()) {
         let (name, v) = resolve_network(cn, conf, nads)?;
@@ -181,8 +200,12 @@ pub fn plan(req: &Request, conf: &MetaConf, pod: &Pod, nads: &dyn NadSource, sel
         push(&mut out, network, v, false, caps, sel.interface.clone());
         if device.is_some() {
             let a = out.last_mut().expect("just pushed");
-            let file = PathBuf::from(DEVINFO_CNI_DIR)
-                .join(format!("{}-{}_{}", a.network.replace('/', "-"), req.env.container_id, a.ifname));
+            let file = PathBuf::from(DEVINFO_CNI_DIR).join(format!(
+                "{}-{}_{}",
+                a.network.replace('/', "-"),
+                req.env.container_id,
+                a.ifname
+            ));
             a.capability_args.insert("CNIDeviceInfoFile".into(), file.display().to_string().into());
             a.device_info_file = Some(file);
         }

@@ -255,7 +255,6 @@ impl FileStore {
 
     /// ADD under the lock: the addresses, and the files to make durable after the lock.
     fn allocate_locked(&self, req: &AllocRequest<'_>) -> Result<(Vec<IpAddr>, Vec<PathBuf>), IpamError> {
-
         let owner = &req.owner;
         let me = format!("{}={}", owner.container_id, owner.ifname);
         let record_path = self.record_path(&owner.container_id, &owner.ifname);
@@ -291,7 +290,8 @@ impl FileStore {
             };
             chosen.push(Held { ip, range: key });
         }
-        let mut touched: Vec<PathBuf> = chosen.iter().map(|h| self.ip_path(&Self::ip_key(h.ip, &h.range, req.overlapping))).collect();
+        let mut touched: Vec<PathBuf> =
+            chosen.iter().map(|h| self.ip_path(&Self::ip_key(h.ip, &h.range, req.overlapping))).collect();
         // Intent first: the record names every address before any is linked into place.
         self.write_record(&record_path, &Record { owner: owner.clone(), ips: chosen.clone() })?;
         for held in &chosen {
@@ -345,7 +345,6 @@ impl Store for FileStore {
         }
         Ok(released)
     }
-
 
     fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
         let _lock = self.lock()?;

@@ -1,0 +1,154 @@
+//! The Kubernetes API: the pod (its network selection and UID), NetworkAttachmentDefinitions, and
+//! the network-status PATCH. Credentials are read on every invocation (kubeconfig with token,
+//! tokenFile, client certificate and CA; or the in-cluster service account), so rotated tokens
+//! just work. Every call has a deadline; a slow or failing API server yields `Unavailable` (CNI
+//! code 11) instead of a hang, after at most a few quick retries of server errors.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::error::K8sError;
+use crate::nad::{Nad, NadSource};
+use crate::status::{NetworkStatus, annotation_patch};
+
+/// Attempts of one call when the server answers 5xx or the connection fails.
+const ATTEMPTS: usize = 3;
+
+/// The pod as the meta-plugin needs it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub uid: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+pub struct ApiClient {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    timeout: Duration,
+}
+
+fn pods() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Pod"))
+}
+
+fn nads() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    )
+}
+
+/// Why a call failed: gone (404), retryable, or final.
+enum Failure {
+    NotFound,
+    Retry(String),
+    Final(String),
+}
+
+fn classify(e: kube::Error) -> Failure {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Failure::NotFound,
+        kube::Error::Api(s) if s.code >= 500 || s.code == 429 => Failure::Retry(format!("{} {}", s.code, s.message)),
+        kube::Error::Api(s) => Failure::Final(format!("{} {}", s.code, s.message)),
+        kube::Error::HyperError(e) => Failure::Retry(e.to_string()),
+        other => Failure::Final(other.to_string()),
+    }
+}
+
+impl ApiClient {
+    /// A client from `kubeconfig`, else the in-cluster service account when
+    /// `KUBERNETES_SERVICE_HOST` is set; `None` when neither is there (standalone use).
+    pub fn connect(kubeconfig: Option<&Path>, timeout: Duration) -> Result<Option<ApiClient>, K8sError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| K8sError::Io(format!("start runtime: {e}")))?;
+        let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path)
+                    .map_err(|e| K8sError::Config(format!("kubeconfig {}: {e}", path.display())))?;
+                rt.block_on(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()))
+                    .map_err(|e| K8sError::Config(format!("kubeconfig {}: {e}", path.display())))?
+            }
+            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+                kube::Config::incluster().map_err(|e| K8sError::Config(format!("in-cluster Kubernetes config: {e}")))?
+            }
+            None => return Ok(None),
+        };
+        let mut config = config;
+        config.connect_timeout = Some(timeout);
+        config.read_timeout = Some(timeout);
+        config.write_timeout = Some(timeout);
+        let client = {
+            let _guard = rt.enter();
+            kube::Client::try_from(config).map_err(|e| K8sError::Config(format!("Kubernetes client: {e}")))?
+        };
+        Ok(Some(ApiClient { rt, client, timeout }))
+    }
+
+    /// Run `call` with the deadline, retrying server errors a few times. `Ok(None)` is 404.
+    fn call<T, F, Fut>(&self, what: &str, call: F) -> Result<Option<T>, K8sError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.rt.block_on(async {
+            let mut last = String::new();
+            for attempt in 0..ATTEMPTS {
+                match tokio::time::timeout(self.timeout, call()).await {
+                    Err(_) => {
+                        return Err(K8sError::Unavailable(format!("{what}: no answer within {:?}", self.timeout)));
+                    }
+                    Ok(Ok(v)) => return Ok(Some(v)),
+                    Ok(Err(e)) => match classify(e) {
+                        Failure::NotFound => return Ok(None),
+                        Failure::Final(m) => return Err(K8sError::Unavailable(format!("{what}: {m}"))),
+                        Failure::Retry(m) => last = m,
+                    },
+                }
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+            Err(K8sError::Unavailable(format!("{what}: {last} (after {ATTEMPTS} attempts)")))
+        })
+    }
+
+    /// The pod's UID and annotations; `None` when the pod is gone.
+    pub fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, K8sError> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pods());
+        let obj = self.call(&format!("get pod {namespace}/{name}"), || api.get(name))?;
+        Ok(obj.map(|o| PodInfo {
+            uid: o.metadata.uid.unwrap_or_default(),
+            annotations: o.metadata.annotations.unwrap_or_default().into_iter().collect(),
+        }))
+    }
+
+    /// Set `k8s.v1.cni.cncf.io/network-status` with a JSON merge patch; a pod that is gone is
+    /// not an error.
+    pub fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pods());
+        let patch = Patch::Merge(annotation_patch(statuses));
+        let params = PatchParams::default();
+        self.call(&format!("patch pod {namespace}/{name}"), || api.patch(name, &params, &patch))?;
+        Ok(())
+    }
+}
+
+impl NadSource for ApiClient {
+    fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &nads());
+        let obj = self
+            .call(&format!("get network-attachment-definition {namespace}/{name}"), || api.get(name))?
+            .ok_or_else(|| K8sError::NadNotFound { namespace: namespace.into(), name: name.into() })?;
+        let value = serde_json::to_value(&obj).map_err(|e| K8sError::Config(e.to_string()))?;
+        Nad::from_object(&value)
+    }
+}
+
+/// The pod annotation that selects networks, if any.
+pub fn selection_annotation(pod: &PodInfo) -> Option<String> {
+    pod.annotations.get(crate::selection::NETWORKS_ANNOTATION).cloned()
+}
