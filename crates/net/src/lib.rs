@@ -9,6 +9,7 @@ pub mod configure;
 pub mod error;
 pub mod link;
 pub mod netns;
+pub mod rdma;
 pub mod sysfs;
 
 pub use error::NetError;

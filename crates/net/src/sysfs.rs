@@ -72,6 +72,60 @@ impl Sysfs {
         self.device_hardware(&dev)
     }
 
+    /// Network devices sysfs lists under a device directory (`<dev>/net/*`, sorted).
+    fn net_names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("net"))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The PCI device directory of `bdf` (`0000:3b:00.2`), validated.
+    pub fn pci_device(&self, bdf: &str) -> Option<PathBuf> {
+        is_pci_address(bdf).then(|| self.root.join("bus/pci/devices").join(bdf)).filter(|p| p.exists())
+    }
+
+    /// The auxiliary device directory of `id` (`mlx5_core.sf.4`), validated.
+    pub fn aux_device(&self, id: &str) -> Option<PathBuf> {
+        let ok = !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        ok.then(|| self.root.join("bus/auxiliary/devices").join(id)).filter(|p| p.exists())
+    }
+
+    /// Netdevs of PCI device `bdf` (virtio devices keep theirs one level down).
+    pub fn netdevs_of_pci(&self, bdf: &str) -> Vec<String> {
+        let Some(dev) = self.pci_device(bdf) else { return Vec::new() };
+        let direct = Self::net_names(&dev);
+        if !direct.is_empty() {
+            return direct;
+        }
+        std::fs::read_dir(&dev)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("virtio"))
+                    .flat_map(|e| Self::net_names(&e.path()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Netdevs of auxiliary device `id`.
+    pub fn netdevs_of_aux(&self, id: &str) -> Vec<String> {
+        self.aux_device(id).map(|d| Self::net_names(&d)).unwrap_or_default()
+    }
+
+    /// Netdevs under a kernel device path, which must be absolute and under `/sys/devices/`
+    /// (resolved against this root).
+    pub fn netdevs_of_kernelpath(&self, path: &str) -> Result<Vec<String>, Error> {
+        let rel = path.strip_prefix("/sys/devices/").filter(|r| !r.split('/').any(|c| c == ".." || c == "."));
+        let Some(rel) = rel else {
+            return Err(Error::invalid_config(format!(
+                "kernelpath {path:?} must be an absolute path under /sys/devices/"
+            )));
+        };
+        Ok(Self::net_names(&self.root.join("devices").join(rel)))
+    }
+
     /// Hardware facts about a device directory (PCI function or auxiliary device).
     pub fn device_hardware(&self, dev: &Path) -> NetdevHardware {
         let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

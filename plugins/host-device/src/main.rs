@@ -1,0 +1,300 @@
+//! plexus-host-device: a whole NIC (PF, VF or sub-function) and its RDMA device belong to the pod
+//! (exclusive RDMA mode), and come back to the host as they were.
+//!
+//! ADD: select the device (exactly one) → record its host state (state file + marker alias) →
+//! start IPAM → ONE move into the pod, already named CNI_IFNAME, with its MTU, marker alias and
+//! IPv4 settings → its RDMA device follows when the subsystem is exclusive → IPAM result →
+//! addresses, up, routes (multi-rail) → device-info → result. Any failure puts everything back.
+//! DEL: IPAM DEL → the device (in the pod; or back in the node namespace already, e.g. returned by
+//! the kernel when the pod namespace died) moved back with its RDMA device and its name, MTU,
+//! MAC, alias, addresses and admin state restored. Succeeds when anything is already gone.
+
+mod conf;
+mod rdma;
+mod state;
+
+use std::process::ExitCode;
+
+use conf::{HostDeviceConf, Selected};
+use plexus_cni::delegate::{self, IpamStep};
+use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
+use plexus_net::configure::{self, IfaceSetup};
+use plexus_net::sysfs::{Sysfs, device_info_pci, validate_device_info_path, write_device_info};
+use plexus_net::{Link, LinkChange, LinkSocket, Netns};
+use state::HostState;
+
+struct HostDevice;
+
+fn main() -> ExitCode {
+    plexus_cni::plugin::run(About { name: "plexus-host-device", version: env!("CARGO_PKG_VERSION") }, &HostDevice)
+}
+
+fn device_info_file(req: &Request) -> Result<Option<std::path::PathBuf>, Error> {
+    match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
+        Some(p) if !p.is_empty() => validate_device_info_path(p).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn forward_to_ipam(req: &Request, command: Command) -> Result<(), Error> {
+    match req.config.ipam_type() {
+        Some(ipam) => delegate::exec(ipam, command, &req.env, &req.config.to_value()).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+fn result_interface(ifname: &str, link: Option<&Link>, pod: &Netns, pci: Option<String>) -> Interface {
+    Interface {
+        name: ifname.to_string(),
+        mac: link.and_then(|l| l.mac_string()),
+        mtu: link.map(|l| l.mtu),
+        sandbox: Some(pod.path().display().to_string()),
+        pci_id: pci,
+        ..Default::default()
+    }
+}
+
+impl Plugin for HostDevice {
+    fn add(&self, req: &Request) -> Result<CniResult, Error> {
+        let conf = HostDeviceConf::load(req)?;
+        let info_file = device_info_file(req)?;
+        let sysfs = Sysfs::from_env();
+        let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
+        let node = Netns::current()?;
+        let ifname = req.env.ifname.as_str();
+        configure::runtime()?.block_on(async {
+            let node_sock = LinkSocket::current()?;
+            let pod_sock = LinkSocket::open(&pod)?;
+            let link = match conf.select(req, &sysfs, &node_sock).await? {
+                Selected::Dpdk { pci, driver } => {
+                    // Used from user space: not moved; IPAM still runs, the result names the device.
+                    tracing::info!(%pci, %driver, "DPDK device: not moved");
+                    let mut result = IpamStep::start_early(&req.env, &req.config)?.result(&req.env, &req.config)?;
+                    result.interfaces = vec![result_interface(ifname, None, &pod, Some(pci.clone()))];
+                    if let Some(path) = &info_file {
+                        let hw = plexus_net::sysfs::NetdevHardware { pci_address: Some(pci), ..Default::default() };
+                        write_device_info(path, &device_info_pci(&hw).expect("pci address"))?;
+                    }
+                    return Ok(result);
+                }
+                Selected::Netdev(link) => link,
+            };
+            let hw = sysfs.netdev_hardware(&link.name);
+            let mut host = HostState::capture(&node_sock, &link, hw.pci_address.clone()).await?;
+            host.netns = Some(pod.path().to_path_buf());
+            let state_path = state::path(&conf.data_dir, &req.env.container_id, ifname);
+            state::save(&state_path, &host)?;
+            let mut ipam = IpamStep::start_early(&req.env, &req.config)?;
+            let l2_only = matches!(ipam, IpamStep::None);
+            let marker = host.marker();
+            // One move: the kernel renames it on the way in (a name taken in the pod fails the
+            // move and leaves the device where it is), then MTU, marker and IPv4 settings.
+            let move_in = LinkChange {
+                netns: Some(&pod),
+                name: Some(ifname),
+                mtu: conf.mtu.filter(|m| *m != 0),
+                alias: Some(&marker),
+                ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)),
+                up: l2_only.then_some(true),
+                ..Default::default()
+            };
+            if let Err(e) = node_sock.set_link(link.index, &move_in).await {
+                ipam.roll_back(&req.env, &req.config);
+                let _ = files::remove_if_present(&state_path);
+                // The move may have happened before a later attribute failed: put it back.
+                if let Ok(Some(moved)) = pod_sock.link(ifname).await {
+                    let _ = state::return_to_host(Some(&pod_sock), &node_sock, &node, &moved, Some(&host)).await;
+                }
+                return Err(if e.is_exists() {
+                    Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
+                        .with_details(format!("netns {}", pod.path().display()))
+                } else {
+                    Error::from(e).context(format!("move {} into the pod", link.name))
+                });
+            }
+            let moved = pod_sock
+                .link(ifname)
+                .await?
+                .ok_or_else(|| Error::kernel(format!("{} is not in the pod after the move", link.name)))?;
+            let attached =
+                attach(req, &conf, &pod, &pod_sock, &moved, &mut ipam, &mut host, hw.rdma_device.as_deref(), l2_only)
+                    .await;
+            match attached {
+                Ok(mut result) => {
+                    state::save(&state_path, &host)?;
+                    if let Some(path) = &info_file
+                        && let Some(doc) = device_info_pci(&hw)
+                    {
+                        write_device_info(path, &doc)?;
+                    }
+                    result.interfaces = vec![result_interface(ifname, Some(&moved), &pod, hw.pci_address.clone())];
+                    Ok(result)
+                }
+                Err(e) => {
+                    ipam.roll_back(&req.env, &req.config);
+                    if let Some(r) = &host.rdma_moved
+                        && let Err(back) = rdma::move_back(&pod, &node, r)
+                    {
+                        tracing::error!("rollback: RDMA device {r}: {back}");
+                    }
+                    if let Err(back) =
+                        state::return_to_host(Some(&pod_sock), &node_sock, &node, &moved, Some(&host)).await
+                    {
+                        tracing::error!("rollback: {back}");
+                    }
+                    let _ = files::remove_if_present(&state_path);
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    fn del(&self, req: &Request) -> Result<(), Error> {
+        let conf = HostDeviceConf::load(req)?;
+        let ipam = forward_to_ipam(req, Command::Del).err();
+        if let Some(path) = device_info_file(req)? {
+            files::remove_if_present(&path)?;
+        }
+        let state_path = state::path(&conf.data_dir, &req.env.container_id, &req.env.ifname);
+        let host = state::load(&state_path);
+        restore(req.netns(), &req.env.ifname, host.as_ref())?;
+        files::remove_if_present(&state_path)?;
+        ipam.map_or(Ok(()), Err)
+    }
+
+    fn check(&self, req: &Request) -> Result<(), Error> {
+        let _conf = HostDeviceConf::load(req)?;
+        let prev = req.config.prev_result()?.ok_or_else(|| {
+            Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult")
+        })?;
+        forward_to_ipam(req, Command::Check)?;
+        let ifname = req.env.ifname.as_str();
+        let failed = |what: String| Error::new(code::CHECK_FAILED, what);
+        let pod = Netns::open(req.netns().expect("CHECK has CNI_NETNS"))?;
+        let sandbox = pod.path().display().to_string();
+        let idx = prev
+            .interfaces
+            .iter()
+            .position(|i| i.name == ifname && i.sandbox.as_deref() == Some(sandbox.as_str()))
+            .ok_or_else(|| failed(format!("prevResult has no interface {ifname:?} in {sandbox}")))?;
+        configure::runtime()?.block_on(async {
+            let sock = LinkSocket::open(&pod)?;
+            let link = sock
+                .link(ifname)
+                .await?
+                .ok_or_else(|| failed(format!("interface {ifname:?} not found in {sandbox}")))?;
+            if let Some(mac) = &prev.interfaces[idx].mac
+                && link.mac_string().as_deref() != Some(mac.to_ascii_lowercase().as_str())
+            {
+                return Err(failed(format!("{ifname} has MAC {:?}, prevResult says {mac}", link.mac_string())));
+            }
+            let have: Vec<_> = sock.addresses(link.index).await?.into_iter().map(|(a, _)| a).collect();
+            for ip in prev.ips.iter().filter(|i| i.interface == Some(idx)) {
+                if !have.contains(&ip.address) {
+                    return Err(failed(format!("{ifname} lacks address {}", ip.address)));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn status(&self, req: &Request) -> Result<(), Error> {
+        let conf = HostDeviceConf::load(req)?;
+        let sysfs = Sysfs::from_env();
+        configure::runtime()?.block_on(async {
+            let node = LinkSocket::current()?;
+            conf.select(req, &sysfs, &node).await.map(|_| ()).map_err(|e| Error::new(code::PLUGIN_NOT_AVAILABLE, e.msg))
+        })?;
+        forward_to_ipam(req, Command::Status)
+    }
+
+    fn gc(&self, req: &Request) -> Result<(), Error> {
+        let conf = HostDeviceConf::load(req)?;
+        let valid = req.valid_attachments()?;
+        let mut errors = Vec::new();
+        for entry in std::fs::read_dir(&conf.data_dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((cid, ifname)) = name.split_once('=') else { continue };
+            if valid.iter().any(|v| v.container_id == cid && v.ifname == ifname) {
+                continue;
+            }
+            let host = state::load(&entry.path());
+            let netns = host.as_ref().and_then(|h| h.netns.clone());
+            match restore(netns.as_deref(), ifname, host.as_ref()) {
+                Ok(()) => {
+                    let _ = files::remove_if_present(&entry.path());
+                }
+                Err(e) => errors.push(format!("{cid}/{ifname}: {e}")),
+            }
+        }
+        forward_to_ipam(req, Command::Gc)?;
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::new(code::KERNEL, "GC could not restore every device").with_details(errors.join("; ")))
+        }
+    }
+}
+
+/// Everything after the device is in the pod: its RDMA device, IPAM, addresses, up, routes.
+#[allow(clippy::too_many_arguments)]
+async fn attach(
+    req: &Request,
+    conf: &HostDeviceConf,
+    pod: &Netns,
+    sock: &LinkSocket,
+    link: &Link,
+    ipam: &mut IpamStep,
+    host: &mut HostState,
+    rdma_device: Option<&str>,
+    l2_only: bool,
+) -> Result<CniResult, Error> {
+    if let Some(dev) = rdma_device {
+        host.rdma_moved = rdma::move_in(conf.rdma, dev, pod)?;
+    }
+    let mut result = ipam.result(&req.env, &req.config)?;
+    for ip in &mut result.ips {
+        ip.interface = Some(0);
+    }
+    let ifname = req.env.ifname.as_str();
+    let setup = IfaceSetup {
+        ifname,
+        index: link.index,
+        result: &result,
+        dad: conf.dad,
+        multi_rail_table: conf.rail_table(ifname),
+        is_up: l2_only,
+    };
+    configure::configure(pod, sock, &setup).await.map_err(|e| Error::from(e).context(format!("configure {ifname}")))?;
+    if let Some(dns) = req.config.dns.as_ref().filter(|d| !d.is_empty()) {
+        result.dns = dns.clone();
+    }
+    Ok(result)
+}
+
+/// Put a device back: from the pod namespace when it is reachable and the device is there, else
+/// wherever it is in the node namespace (returned by the kernel, or moved back by hand).
+fn restore(netns: Option<&std::path::Path>, ifname: &str, host: Option<&HostState>) -> Result<(), Error> {
+    let node = Netns::current()?;
+    let marker = host.map(|h| h.marker());
+    let pod = netns.and_then(|p| Netns::open(p).ok());
+    configure::runtime()?.block_on(async {
+        let node_sock = LinkSocket::current()?;
+        if let Some(pod) = &pod
+            && let Ok(pod_sock) = LinkSocket::open(pod)
+            && let Some(link) = state::find(&pod_sock, ifname, marker.as_deref(), true).await?
+        {
+            if let Some(r) = host.and_then(|h| h.rdma_moved.as_deref())
+                && let Err(e) = rdma::move_back(pod, &node, r)
+            {
+                tracing::error!("RDMA device {r} not moved back: {e}");
+            }
+            return state::return_to_host(Some(&pod_sock), &node_sock, &node, &link, host).await;
+        }
+        if let Some(link) = state::find(&node_sock, ifname, marker.as_deref(), false).await? {
+            return state::return_to_host(None, &node_sock, &node, &link, host).await;
+        }
+        tracing::debug!(ifname, "device already gone or back: nothing to restore");
+        Ok(())
+    })
+}
