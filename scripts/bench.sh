@@ -157,6 +157,37 @@ done
 load --plugin "$BIN/plexus-ipam" --conf "$confs" --count 1000 --clients 16 > "$work/ipam-etcd.json"
 kill $etcd_pid; wait $etcd_pid 2>/dev/null || true
 
+echo "== host-device: ADD+DEL cycle (plexus vs reference)"
+ip -n "$node" link add ens1f0 mtu 9000 type veth peer name ens1f0p
+ip -n "$node" link set ens1f0 up; ip -n "$node" link set ens1f0p up
+ip -n "$node" addr add 198.18.60.5/24 dev ens1f0
+cat > "$work/hostdev.json" <<JSON
+{"cniVersion":"1.0.0","name":"bench","type":"host-device","device":"ens1f0","dataDir":"$work/hd-state",
+ "ipam":{"type":"static","addresses":[{"address":"198.18.61.2/24"}]}}
+JSON
+# One timed command = ADD then DEL; hyperfine's shell mode subtracts the shell's own start-up.
+cycle() { echo "CNI_COMMAND=ADD $1 < $work/hostdev.json > /dev/null && CNI_COMMAND=DEL $1 < $work/hostdev.json > /dev/null"; }
+hf hostdev-cycle "$HF" --runs "$(( RUNS < 100 ? RUNS : 100 ))" --warmup 5 --export-json "$work/hostdev-cycle.json" \
+  -n plexus-host-device "$(cycle "$BIN/plexus-host-device")" -n reference-host-device "$(cycle "$REF/host-device")"
+
+echo "== meta-plugin overhead: plexus (nadDir) over calling the delegate directly"
+mkdir -p "$work/nads"
+cat > "$work/nads/rail0.yaml" <<YAML
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: rail0, namespace: default}
+spec:
+  config: '{"cniVersion":"1.0.0","name":"rail0","type":"plexus-macvlan","master":"nic0","mode":"bridge"}'
+YAML
+echo "{\"cniVersion\":\"1.0.0\",\"name\":\"rail0\",\"type\":\"plexus-macvlan\",\"master\":\"nic0\",\"mode\":\"bridge\"}" > "$work/direct.json"
+echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"nadDir\":\"$work/nads\",\"networks\":\"rail0@net1\",\"cniDir\":\"$work/meta-cache\",\"binDir\":\"$BIN\"}" > "$work/meta.json"
+hf meta-direct env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/direct.json" \
+  --prepare "$unlink_pod" --export-json "$work/meta-direct.json" -n plexus-macvlan "$BIN/plexus-macvlan"
+hf meta-nad env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta.json" \
+  --prepare "$unlink_pod" --export-json "$work/meta-nad.json" -n plexus "$BIN/plexus"
+echo "{\"meta\": $(rss "$work/meta.json" "$BIN/plexus")}" > "$work/meta-rss.json"
+ip -n "$pod" link del net1 2>/dev/null || true
+
 echo "== writing BENCHMARKS.md"
 python3 scripts/bench/report.py "$work" "$RUNS" > BENCHMARKS.md
 cat BENCHMARKS.md
