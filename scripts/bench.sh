@@ -186,6 +186,19 @@ hf meta-direct env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --
 hf meta-nad env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta.json" \
   --prepare "$unlink_pod" --export-json "$work/meta-nad.json" -n plexus "$BIN/plexus"
 echo "{\"meta\": $(rss "$work/meta.json" "$BIN/plexus")}" > "$work/meta-rss.json"
+# With the Kubernetes API: the tests' fake API server over HTTPS (CA + bearer token), in the node
+# namespace; plexus reads the pod's annotation and the NAD, and PATCHes network-status.
+echo '{"cniVersion":"1.0.0","name":"rail0","type":"plexus-macvlan","master":"nic0","mode":"bridge"}' > "$work/nad-rail0.json"
+coproc FAKE { "$BIN/plexus-fake-api" "/run/netns/$node" "$work/kubeconfig" \
+  --pod "default/bench/uid-bench/rail0@net1" --nad "default/rail0=$work/nad-rail0.json"; }
+read -r _ready <&"${FAKE[0]}"
+echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"kubeconfig\":\"$work/kubeconfig\",\"cniDir\":\"$work/meta-cache\",\"binDir\":\"$BIN\"}" > "$work/meta-api.json"
+hf meta-api env CNI_COMMAND=ADD CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench;K8S_POD_UID=uid-bench" \
+  "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta-api.json" \
+  --prepare "$unlink_pod" --export-json "$work/meta-api.json.out" -n plexus "$BIN/plexus"
+mv "$work/meta-api.json.out" "$work/meta-api-result.json"
+eval "exec ${FAKE[1]}>&-"
+wait "$FAKE_PID" 2>/dev/null || true
 ip -n "$pod" link del net1 2>/dev/null || true
 
 echo "== writing BENCHMARKS.md"

@@ -26,6 +26,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+echo "== cnitool (built from Debian's source package; the tests drive plexus through it)"
+bash scripts/tools/build-cnitool.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -79,6 +79,11 @@ fn merge(target: &mut Value, patch: &Value) {
 impl FakeApi {
     /// Start the server on the loopback of `netns`.
     pub fn start_in(netns: &Netns) -> FakeApi {
+        FakeApi::start_at(&netns.path())
+    }
+
+    /// Start the server on the loopback of the namespace at `netns_path`.
+    pub fn start_at(netns_path: &Path) -> FakeApi {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         // A CA and a server certificate for 127.0.0.1.
@@ -93,7 +98,7 @@ impl FakeApi {
         std::fs::write(dir.path().join("ca.crt"), ca.pem()).unwrap();
 
         // Bind inside the namespace; the socket stays there whichever thread serves it.
-        let ns = std::fs::File::open(netns.path()).unwrap();
+        let ns = std::fs::File::open(netns_path).unwrap();
         let listener = std::thread::spawn(move || {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).unwrap();
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();

@@ -15,7 +15,7 @@ pub mod runner;
 
 pub use kernel::{Addr, Link, Route, Rule};
 pub use netns::{Lab, Netns};
-pub use runner::{Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin};
+pub use runner::{Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, tool_bin};
 
 /// Fail the test with a clear message when not root: these tests create namespaces and links.
 pub fn require_root() {

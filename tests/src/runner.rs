@@ -43,6 +43,14 @@ pub fn plugin_bin(name: &str) -> PathBuf {
     p
 }
 
+/// A tool the test command builds into `target/tools` (cnitool).
+pub fn tool_bin(name: &str) -> PathBuf {
+    let target = bin_dir().parent().expect("target dir").to_path_buf();
+    let p = target.join("tools").join(name);
+    assert!(p.is_file(), "{} is not built: scripts/test.sh builds it (scripts/tools/build-{name}.sh)", p.display());
+    p
+}
+
 /// A Debian reference plugin.
 pub fn reference_plugin(name: &str) -> PathBuf {
     let p = Path::new(REFERENCE_CNI_DIR).join(name);

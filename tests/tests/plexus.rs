@@ -233,3 +233,40 @@ fn resource_nads_get_the_pods_sorted_device_ids_from_the_kubelet_checkpoint() {
         "/var/run/k8s.cni.cncf.io/devinfo/cni/default-hostdev-pod1_net1"
     );
 }
+
+#[test]
+fn status_and_gc_reach_every_delegate_network() {
+    let s = Standalone::new();
+    s.nad(
+        "r11",
+        "default",
+        json!({"cniVersion": "1.1.0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.23.0/24", "dataDir": s.ipam_dir(), "nodeName": "n1"}}),
+    );
+    s.nad("gone", "default", json!({"cniVersion": "1.1.0", "type": "plexus-macvlan", "master": "gone0"}));
+    let status = |networks: &str| {
+        PluginRun::new(plugin_bin("plexus"), "STATUS")
+            .env("CNI_PATH", &format!("{}:{REFERENCE_CNI_DIR}", bin_dir().display()))
+            .stdin(&s.conf(networks))
+            .in_netns(&s.lab.node)
+            .run()
+    };
+    assert!(status("r11").success());
+    let (code, msg, _) = status("r11,gone").error();
+    assert_eq!((code, msg.as_str()), (50, "network default/gone: master interface \"gone0\" not found"));
+    // GC: the runtime no longer knows pod1, so its attachment is deleted and its address freed.
+    let c = s.conf("r11");
+    assert!(s.run("ADD", &c).success());
+    assert_eq!(s.held_addresses(), 1);
+    let mut gc = c.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "other", "ifname": "eth0"}]);
+    let out = PluginRun::new(plugin_bin("plexus"), "GC")
+        .env("CNI_PATH", &format!("{}:{REFERENCE_CNI_DIR}", bin_dir().display()))
+        .stdin(&gc)
+        .in_netns(&s.lab.node)
+        .run();
+    assert!(out.success(), "{}", out.stdout);
+    assert_eq!(s.pod_links(), ["lo"]);
+    assert_eq!(s.held_addresses(), 0);
+    assert!(!s.cache_dir().join("pod1").exists());
+}

@@ -220,6 +220,27 @@ mod tests {
     }
 
     #[test]
+    fn fake_sysfs_vf_resolves_to_its_own_pci_address_and_rdma_device() {
+        let t = fake();
+        let r = t.path();
+        let vf = r.join("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.3");
+        std::fs::create_dir_all(vf.join("infiniband/mlx5_3")).unwrap();
+        std::fs::create_dir_all(vf.join("net/ens1f0v0")).unwrap();
+        symlink(r.join("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0"), vf.join("physfn")).unwrap();
+        std::fs::create_dir_all(r.join("class/net/ens1f0v0")).unwrap();
+        symlink(&vf, r.join("class/net/ens1f0v0/device")).unwrap();
+        std::fs::create_dir_all(r.join("bus/pci/devices")).unwrap();
+        symlink(&vf, r.join("bus/pci/devices/0000:3b:00.3")).unwrap();
+        let s = Sysfs::new(r);
+        let hw = s.netdev_hardware("ens1f0v0");
+        assert_eq!((hw.pci_address.as_deref(), hw.rdma_device.as_deref()), (Some("0000:3b:00.3"), Some("mlx5_3")));
+        assert_eq!(s.netdevs_of_pci("0000:3b:00.3"), ["ens1f0v0"]);
+        assert!(s.netdevs_of_pci("../../etc").is_empty(), "not a PCI address: never a path");
+        assert!(s.netdevs_of_kernelpath("/etc/passwd").is_err());
+        assert!(s.netdevs_of_kernelpath("/sys/devices/../../etc").is_err());
+    }
+
+    #[test]
     fn fake_sysfs_sub_function_resolves_to_aux_name_parent_pci_and_its_rdma_device() {
         let t = fake();
         let hw = Sysfs::new(t.path()).netdev_hardware("en3f0pf0sf4");

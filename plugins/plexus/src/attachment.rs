@@ -29,6 +29,11 @@ pub struct Attachment {
     pub result: Option<Value>,
     #[serde(default)]
     pub device_info_file: Option<PathBuf>,
+    /// The NAD's `resourceName` and the device the kubelet allocated for it.
+    #[serde(default)]
+    pub resource_name: Option<String>,
+    #[serde(default)]
+    pub device_id: Option<String>,
 }
 
 impl Attachment {

@@ -158,6 +158,13 @@ impl Plugin for Meta {
         for i in 0..state.attachments.len() {
             let a = &state.attachments[i];
             tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
+            // The device plugin's device-info goes where the delegate will look (spec §5); a
+            // delegate that finds none may write its own.
+            if let (Some(r), Some(d), Some(f)) = (&a.resource_name, &a.device_id, &a.device_info_file)
+                && let Ok(doc) = std::fs::read(plan::device_plugin_info(r, d))
+            {
+                files::write_private_atomic(f, &doc)?;
+            }
             match a.add(&base) {
                 Ok((result, raw)) => {
                     state.attachments[i].result = Some(raw);

@@ -14,14 +14,28 @@ use crate::conf::MetaConf;
 
 /// Where per-attachment device-info files go (device-info spec §4).
 pub const DEVINFO_CNI_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/cni";
+/// Where device plugins leave theirs (device-info spec §5).
+pub const DEVINFO_DP_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dp";
+
+/// The device plugin's device-info file of `device` of `resource`, if it wrote one.
+pub fn device_plugin_info(resource: &str, device: &str) -> PathBuf {
+    PathBuf::from(DEVINFO_DP_DIR).join(format!("{}-{device}-device.json", resource.replace('/', "-")))
+}
 
 /// The pod, as the runtime names it in `CNI_ARGS`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Pod {
     pub namespace: String,
     pub name: String,
     pub uid: String,
     pub infra_container_id: String,
+}
+
+impl Default for Pod {
+    /// No pod (STATUS, GC, standalone use): NADs are looked up in `default`.
+    fn default() -> Pod {
+        Pod { namespace: "default".into(), name: String::new(), uid: String::new(), infra_container_id: String::new() }
+    }
 }
 
 impl Pod {
@@ -143,6 +157,8 @@ pub fn plan(
             capability_args: all_caps,
             result: None,
             device_info_file: None,
+            resource_name: None,
+            device_id: None,
         });
     };
     if let Some(cn) = conf.cluster_network.as_deref().filter(|c| !c.is_empty()) {
@@ -208,6 +224,8 @@ pub fn plan(
             ));
             a.capability_args.insert("CNIDeviceInfoFile".into(), file.display().to_string().into());
             a.device_info_file = Some(file);
+            a.resource_name = nad.resource_name.clone();
+            a.device_id = device.clone();
         }
     }
     let mut seen = std::collections::HashSet::new();
