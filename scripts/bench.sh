@@ -30,11 +30,20 @@ echo "== building release binaries (scripts/build-release.sh: static, as shipped
 BIN=$(bash scripts/build-release.sh)
 REF=/usr/lib/cni
 
-work=$(mktemp -d)
+# SECTIONS picks sections (default: all); BENCH_WORK keeps results in (and reuses) a directory, so
+# a later run can add sections to the same report.
+SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta}
+want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+work=${BENCH_WORK:-$(mktemp -d)}
+mkdir -p "$work"
 node=plxbench-n$$ pod=plxbench-p$$
-cleanup() { ip netns del "$pod" 2>/dev/null || true; ip netns del "$node" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+cleanup() {
+  ip netns del "$pod" 2>/dev/null || true; ip netns del "$node" 2>/dev/null || true
+  [ -n "${BENCH_WORK:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
 ip netns add "$node"; ip netns add "$pod"
+ip -n "$node" link set lo up
 ip -n "$node" link add nic0 mtu 9000 type veth peer name nic0p
 ip -n "$node" link set nic0 up; ip -n "$node" link set nic0p up
 ip -n "$pod" link set lo up
@@ -56,6 +65,7 @@ rss() {
   cat "$work/rss"
 }
 
+if want macvlan; then
 echo "== macvlan"
 cat > "$work/static.json" <<JSON
 {"cniVersion":"1.0.0","name":"bench","type":"macvlan","master":"nic0","mode":"bridge",
@@ -90,8 +100,8 @@ rss_ref=$(rss "$work/static.json" "$REF/macvlan")
 ip -n "$pod" link del net1 2>/dev/null || true
 
 echo "{\"ours\": $rss_ours, \"reference\": $rss_ref}" > "$work/macvlan-rss.json"
+fi
 
-echo "== ipam (file store vs host-local)"
 load() { ip netns exec "$node" python3 scripts/bench/cni_load.py --netns "/run/netns/$pod" "$@"; }
 ipam_conf() { # name plugin range datadir [extra json]
   if [ "$2" = host-local ]; then
@@ -100,6 +110,8 @@ ipam_conf() { # name plugin range datadir [extra json]
     echo "{\"cniVersion\":\"1.0.0\",\"name\":\"$1\",\"ipam\":{\"type\":\"plexus-ipam\",\"range\":\"$3\",\"dataDir\":\"$4\",\"nodeName\":\"bench\"${5:-}}}"
   fi
 }
+if want ipam; then
+echo "== ipam (file store vs host-local)"
 ipam_conf single plexus-ipam 198.18.0.0/24 "$work/ours-single" > "$work/ipam-ours.json"
 ipam_conf single host-local 198.18.0.0/24 "$work/hl-single" > "$work/ipam-hl.json"
 hf ipam-add env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --export-json "$work/ipam-add.json" \
@@ -113,6 +125,9 @@ ipam_conf conc host-local 198.18.0.0/22 "$work/hl-conc" > "$work/ipam-hl-conc.js
 load --plugin "$BIN/plexus-ipam" --conf "$work/ipam-ours-conc.json" --count 512 --clients 16 > "$work/ipam-conc-ours.json"
 load --plugin "$REF/host-local" --conf "$work/ipam-hl-conc.json" --count 512 --clients 16 > "$work/ipam-conc-hl.json"
 
+fi
+
+if want fill; then
 echo "== ipam: allocation time as the pool fills (plexus: a /16 to 90 %; host-local: a /20)"
 # host-local's ADD scans every allocation file for the container ID, so filling a /16 with it
 # takes hours; its curve is taken on a /20 (4094 addresses).
@@ -133,6 +148,9 @@ for which in ours hl; do
   done
 done
 
+fi
+
+if want etcd; then
 echo "== ipam: etcd store, 1000 allocations, 16 clients, 4 simulated nodes"
 etcd_dir=$work/etcd
 cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -156,7 +174,11 @@ for n in 0 1 2 3; do
 done
 load --plugin "$BIN/plexus-ipam" --conf "$confs" --count 1000 --clients 16 > "$work/ipam-etcd.json"
 kill $etcd_pid; wait $etcd_pid 2>/dev/null || true
+trap cleanup EXIT INT TERM
+fi
 
+
+if want hostdev; then
 echo "== host-device: ADD+DEL cycle (plexus vs reference)"
 ip -n "$node" link add ens1f0 mtu 9000 type veth peer name ens1f0p
 ip -n "$node" link set ens1f0 up; ip -n "$node" link set ens1f0p up
@@ -170,6 +192,9 @@ cycle() { echo "CNI_COMMAND=ADD $1 < $work/hostdev.json > /dev/null && CNI_COMMA
 hf hostdev-cycle "$HF" --runs "$(( RUNS < 100 ? RUNS : 100 ))" --warmup 5 --export-json "$work/hostdev-cycle.json" \
   -n plexus-host-device "$(cycle "$BIN/plexus-host-device")" -n reference-host-device "$(cycle "$REF/host-device")"
 
+fi
+
+if want meta; then
 echo "== meta-plugin overhead: plexus (nadDir) over calling the delegate directly"
 mkdir -p "$work/nads"
 cat > "$work/nads/rail0.yaml" <<YAML
@@ -200,6 +225,7 @@ mv "$work/meta-api.json.out" "$work/meta-api-result.json"
 eval "exec ${FAKE[1]}>&-"
 wait "$FAKE_PID" 2>/dev/null || true
 ip -n "$pod" link del net1 2>/dev/null || true
+fi
 
 echo "== writing BENCHMARKS.md"
 python3 scripts/bench/report.py "$work" "$RUNS" > BENCHMARKS.md

@@ -15,6 +15,7 @@ pub mod files;
 pub mod logging;
 pub mod plugin;
 pub mod result;
+pub mod runtime;
 pub mod version;
 
 pub use config::{ConfList, Ipam, NetConf};

@@ -90,6 +90,49 @@ impl Netns {
     }
 }
 
+/// Create a named network namespace at `path` (`/run/netns/<name>`, as `ip netns add` does): a
+/// fresh namespace made on a short-lived thread and bind-mounted there.
+pub fn create_named(path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| NetError::io(format!("create {}", dir.display()), e))?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| NetError::io(format!("create {}", path.display()), e))?;
+    let target = path.to_path_buf();
+    let made = std::thread::spawn(move || -> Result<()> {
+        unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_FS)
+            .map_err(|e| NetError::io("unshare a network namespace", e.into()))?;
+        nix::mount::mount(
+            Some("/proc/thread-self/ns/net"),
+            &target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| NetError::io(format!("bind-mount the namespace at {}", target.display()), e.into()))
+    })
+    .join()
+    .unwrap_or_else(|_| Err(NetError::Protocol { op: "create netns".into(), msg: "thread panicked".into() }));
+    if made.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    made
+}
+
+/// Remove a named namespace made by [`create_named`] (or `ip netns add`).
+pub fn delete_named(path: &Path) -> Result<()> {
+    let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(NetError::io(format!("remove {}", path.display()), e))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The `/proc/sys` path of a per-interface setting: `sysctl("ipv4", "net1", "arp_notify")`.
 /// Built from parts, because interface names may contain dots.
 pub fn sysctl(family: &str, ifname: &str, key: &str) -> PathBuf {

@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use plexus_cni::delegate;
-use plexus_cni::{CniEnv, CniResult, Command, ConfList, Error, SpecVersion};
+use plexus_cni::runtime;
+use plexus_cni::{CniEnv, CniResult, Command, ConfList, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -44,86 +44,33 @@ impl Attachment {
             .map_err(|e| e.context(format!("network {}", self.network)))
     }
 
-    fn env(&self, base: &CniEnv, command: Command) -> CniEnv {
-        CniEnv { command, ifname: self.ifname.clone(), ..base.clone() }
+    fn env(&self, base: &CniEnv) -> CniEnv {
+        CniEnv { ifname: self.ifname.clone(), ..base.clone() }
     }
 
-    fn plugin_type(plugin: &Value) -> String {
-        plugin.get("type").and_then(Value::as_str).unwrap_or_default().to_string()
+    fn named(&self, e: Error) -> Error {
+        e.context(format!("network {}", self.network))
     }
 
     /// ADD: the chain in order, each plugin given the previous result; returns the final result.
     pub fn add(&self, base: &CniEnv) -> Result<(CniResult, Value), Error> {
-        let list = self.list()?;
-        let version = list.version()?;
-        let env = self.env(base, Command::Add);
-        let mut prev: Option<Value> = None;
-        let mut result = CniResult::default();
-        for (i, plugin) in list.plugins.iter().enumerate() {
-            let conf = list.invocation_config(i, &self.capability_args, prev.as_ref())?;
-            result = delegate::exec(&Self::plugin_type(&Value::Object(plugin.clone())), Command::Add, &env, &conf)?
-                .unwrap_or_default();
-            prev = Some(result.to_value(version)?);
-        }
-        Ok((result, prev.unwrap_or(Value::Null)))
+        runtime::add(&self.list()?, &self.capability_args, &self.env(base))
     }
 
     /// DEL: the chain in reverse, each plugin given the cached result; keeps going past errors.
     pub fn del(&self, base: &CniEnv) -> Result<(), Error> {
-        let list = self.list()?;
-        let env = self.env(base, Command::Del);
-        let mut errors = Vec::new();
-        for i in (0..list.plugins.len()).rev() {
-            let conf = list.invocation_config(i, &self.capability_args, self.result.as_ref())?;
-            let plugin = Self::plugin_type(&Value::Object(list.plugins[i].clone()));
-            if let Err(e) = delegate::exec(&plugin, Command::Del, &env, &conf) {
-                errors.push(e);
-            }
-        }
-        errors.into_iter().next().map_or(Ok(()), Err)
+        runtime::del(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
     }
 
-    /// CHECK: the chain in order with the cached result (skipped for `disableCheck` lists and
-    /// below 0.4.0, where CHECK does not exist).
+    /// CHECK: the chain in order with the cached result.
     pub fn check(&self, base: &CniEnv) -> Result<(), Error> {
-        let list = self.list()?;
-        if list.disable_check == Some(true) || list.version()? < SpecVersion::CHECK_MIN {
-            return Ok(());
-        }
-        let prev = self.result.as_ref().ok_or_else(|| {
-            Error::new(plexus_cni::code::CHECK_FAILED, format!("network {}: no ADD result recorded", self.network))
-        })?;
-        let env = self.env(base, Command::Check);
-        for i in 0..list.plugins.len() {
-            let conf = list.invocation_config(i, &self.capability_args, Some(prev))?;
-            delegate::exec(&Self::plugin_type(&Value::Object(list.plugins[i].clone())), Command::Check, &env, &conf)
-                .map_err(|e| e.context(format!("network {}", self.network)))?;
-        }
-        Ok(())
+        runtime::check(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
+            .map_err(|e| self.named(e))
     }
 
-    /// STATUS or GC on every plugin of the list (GC with `valid` attachments); only for lists at
-    /// 1.1.0 or later. Keeps going past errors.
+    /// STATUS or GC on every plugin of the list (GC with the `valid` attachments).
     pub fn status_or_gc(&self, base: &CniEnv, command: Command, valid: Option<&Value>) -> Result<(), Error> {
-        let list = self.list()?;
-        if list.version()? < SpecVersion::GC_STATUS_MIN || (command == Command::Gc && list.disable_gc == Some(true)) {
-            return Ok(());
-        }
-        let env = self.env(base, command);
-        let mut errors = Vec::new();
-        for i in 0..list.plugins.len() {
-            let mut conf = list.invocation_config(i, &Map::new(), None)?;
-            if let (Some(v), Some(m)) = (valid, conf.as_object_mut()) {
-                m.insert("cni.dev/valid-attachments".into(), v.clone());
-                m.insert("cni.dev/attachments".into(), v.clone());
-            }
-            if let Err(e) =
-                delegate::exec(&Self::plugin_type(&Value::Object(list.plugins[i].clone())), command, &env, &conf)
-            {
-                errors.push(e.context(format!("network {}", self.network)));
-            }
-        }
-        errors.into_iter().next().map_or(Ok(()), Err)
+        runtime::status_or_gc(&self.list()?, &self.env(base), command, valid).map_err(|e| self.named(e))
     }
 }
 

@@ -1,0 +1,177 @@
+//! Every file in conf-examples/ is checked: NADs and conflists parse the way plexus parses them
+//! (their IPAM sections too), the 4-rail example is applied end to end, and the deployment
+//! manifests pass a schema check (kubectl needs an API server for any validation; none is
+//! obtainable here, so the checks below are the ones that matter for these objects).
+
+use std::path::{Path, PathBuf};
+
+use plexus_cni::{ConfList, NetConf};
+use plexus_ipam::IpamConfig;
+use plexus_k8s::nad::{DirSource, Nad, NadSource, is_conflist};
+use plexus_tests::{Lab, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
+use serde_json::{Value, json};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf-examples")
+}
+
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A delegate config as plexus runs it: a conflist, or a single conf (with the NAD's name).
+fn check_cni_config(what: &str, conf: &Value) {
+    let bytes = serde_json::to_vec(conf).unwrap();
+    let list = if is_conflist(conf) { ConfList::parse(&bytes) } else { ConfList::from_single(&bytes) }
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    list.version().unwrap_or_else(|e| panic!("{what}: {e}"));
+    for p in &list.plugins {
+        let mut p = p.clone();
+        p.insert("name".into(), list.name.clone().into());
+        let nc: NetConf = serde_json::from_value(Value::Object(p.clone())).unwrap();
+        if nc.ipam_type() == Some("plexus-ipam") {
+            IpamConfig::from_netconf(&nc).unwrap_or_else(|e| panic!("{what}: ipam: {e}"));
+        }
+    }
+}
+
+#[test]
+fn every_nad_and_conflist_example_parses_as_plexus_reads_it() {
+    let mut nads = 0;
+    let mut files = vec![];
+    for dir in [examples(), examples().join("four-rail")] {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            files.push(e.unwrap().path());
+        }
+    }
+    for f in files.iter().filter(|f| f.is_file()) {
+        let name = f.display().to_string();
+        match f.extension().and_then(|e| e.to_str()) {
+            Some("yaml") => {
+                for doc in yaml_docs(f) {
+                    if doc["kind"] == "NetworkAttachmentDefinition" {
+                        let nad = Nad::from_object(&doc).unwrap();
+                        check_cni_config(&name, &nad.cni_config(Path::new("/nonexistent")).unwrap());
+                        nads += 1;
+                    }
+                }
+            }
+            Some("conflist") => {
+                let v: Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
+                check_cni_config(&name, &v);
+            }
+            _ => {}
+        }
+    }
+    assert!(nads >= 8, "NAD examples: {nads}");
+    let hostdev = DirSource::load(&examples()).unwrap().nad("default", "roce-hostdev").unwrap();
+    assert_eq!(hostdev.resource_name.as_deref(), Some("nvidia.com/hostdev"));
+    let meta: Value = serde_json::from_slice(&std::fs::read(examples().join("00-plexus.conflist")).unwrap()).unwrap();
+    assert_eq!(meta["plugins"][0]["type"], "plexus");
+}
+
+#[test]
+fn the_four_rail_example_attaches_four_rails_in_one_subnet() {
+    let lab = Lab::new();
+    for i in 1..=4 {
+        lab.add_nic(&format!("ens{i}f0np0"), 9000);
+    }
+    // The example NADs as they are, with the IPAM store moved into a temp dir.
+    let dir = tempfile::tempdir().unwrap();
+    let nads = dir.path().join("nads");
+    std::fs::create_dir_all(&nads).unwrap();
+    for i in 0..4 {
+        let text = std::fs::read_to_string(examples().join(format!("four-rail/rail{i}.yaml"))).unwrap();
+        let moved = text.replace(
+            "\"network_name\": \"rails\"",
+            &format!("\"network_name\": \"rails\", \"dataDir\": \"{}\"", dir.path().join("ipam").display()),
+        );
+        assert_ne!(moved, text);
+        std::fs::write(nads.join(format!("rail{i}.yaml")), moved).unwrap();
+    }
+    let pod: Value = yaml_docs(&examples().join("four-rail/pod.yaml")).remove(0);
+    let selection = pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"].as_str().unwrap().to_string();
+    let bin = plugin_bin("plexus").parent().unwrap().to_path_buf();
+    let conf = json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus", "nadDir": nads,
+        "networks": selection, "cniDir": dir.path().join("cache"), "binDir": bin});
+    let run = |verb: &str| {
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("trainer0", &lab.pod.path(), "eth0", &format!("{}:{REFERENCE_CNI_DIR}", bin.display()))
+            .stdin(&conf)
+            .in_netns(&lab.node)
+            .run()
+    };
+    let r = run("ADD").result();
+    assert_eq!(r["interfaces"].as_array().unwrap().len(), 4);
+    for (i, dev) in ["net1", "net2", "net3", "net4"].iter().enumerate() {
+        let addr = lab.pod.addrs(dev)[0].local.clone();
+        assert!(addr.starts_with("198.18.104."), "{dev}: {addr}");
+        let via = lab.pod.ip(&["route", "get", "198.18.104.200", "from", &addr]);
+        assert!(via.contains(&format!("dev {dev} ")), "rail {i}: {via}");
+    }
+    assert!(run("DEL").success());
+    assert_eq!(lab.pod.links().len(), 1);
+}
+
+fn manifests() -> Vec<Value> {
+    let mut all = Vec::new();
+    for f in ["crd.yaml", "rbac.yaml", "daemonset.yaml"] {
+        all.extend(yaml_docs(&examples().join("deploy").join(f)));
+    }
+    all
+}
+
+#[test]
+fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
+    let objs = manifests();
+    for o in &objs {
+        for key in ["apiVersion", "kind"] {
+            assert!(o[key].as_str().is_some_and(|s| !s.is_empty()), "{key} missing in {o}");
+        }
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(!name.is_empty() && name.len() <= 253, "metadata.name in {}", o["kind"]);
+    }
+    let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]);
+    // The CRD names what plexus GETs.
+    let crd = &objs[0];
+    assert_eq!(crd["metadata"]["name"], "network-attachment-definitions.k8s.cni.cncf.io");
+    assert_eq!(crd["spec"]["group"], "k8s.cni.cncf.io");
+    assert_eq!(crd["spec"]["names"]["plural"], "network-attachment-definitions");
+    assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
+    // RBAC: exactly get+patch on pods and get on NADs; the binding names the service account.
+    let rules = &objs[2]["rules"];
+    assert_eq!(
+        rules,
+        &json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+                {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"], "verbs": ["get"]}])
+    );
+    let binding = &objs[3];
+    assert_eq!(binding["roleRef"]["name"], objs[2]["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["name"], objs[1]["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["namespace"], objs[1]["metadata"]["namespace"]);
+    // DaemonSet: selector matches the template, the service account exists, every mount has a
+    // volume, the host's CNI dirs are mounted, the kubeconfig is rewritten when the token changes.
+    let ds = &objs[4];
+    assert_eq!(ds["apiVersion"], "apps/v1");
+    assert_eq!(ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"]);
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], objs[1]["metadata"]["name"]);
+    let volumes: Vec<&str> = spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    let c = &spec["containers"][0];
+    assert!(c["image"].as_str().is_some_and(|i| !i.is_empty()));
+    for m in c["volumeMounts"].as_array().unwrap() {
+        assert!(volumes.contains(&m["name"].as_str().unwrap()), "mount {m} has no volume");
+    }
+    let host_paths: Vec<&str> =
+        spec["volumes"].as_array().unwrap().iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
+    assert_eq!(host_paths, ["/opt/cni/bin", "/etc/cni/net.d"]);
+    let script = c["args"][0].as_str().unwrap();
+    assert!(
+        script.contains("plexus.kubeconfig")
+            && script.contains("while sleep 60")
+            && script.contains("write_kubeconfig")
+    );
+    assert!(!script.contains("echo $TOKEN") && !script.contains("set -x"), "the token is never printed");
+}
