@@ -4,6 +4,7 @@
 # (.plexus-installed) records what was installed so --uninstall removes exactly that.
 #
 #   scripts/install.sh [--bin-dir DIR] [--uninstall]      (DESTDIR is honoured)
+#   PLEXUS_BIN=DIR installs already-built binaries from DIR instead of building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin_dir=/opt/cni/bin
@@ -31,7 +32,7 @@ if [ -n "$uninstall" ]; then
   exit 0
 fi
 
-built=$(bash scripts/build-release.sh)
+built=${PLEXUS_BIN:-$(bash scripts/build-release.sh)}
 mkdir -p "$target"
 : > "$manifest.new"
 for b in "${binaries[@]}"; do

@@ -58,3 +58,79 @@ fn cnitool_adds_checks_and_deletes_through_plexus_standalone() {
     assert_eq!(std::fs::read_dir(dir.path().join("ipam/default/ips")).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(dir.path().join("cache")).unwrap().count(), 0);
 }
+
+/// cnitool against a conflist in `dir` named `name`, inside the node namespace.
+fn cnitool_net(
+    lab: &Lab,
+    verb: &str,
+    name: &str,
+    netconf: &std::path::Path,
+    ifname: &str,
+    sysfs: Option<&std::path::Path>,
+) -> (bool, String) {
+    let mut cmd = Command::new(tool_bin("cnitool"));
+    cmd.args([verb, name])
+        .arg(lab.pod.path())
+        .env("NETCONFPATH", netconf)
+        .env("CNI_PATH", format!("{}:/usr/lib/cni", plugin_bin("plexus").parent().unwrap().display()))
+        .env("CNI_IFNAME", ifname);
+    if let Some(s) = sysfs {
+        cmd.env("PLEXUS_SYSFS_ROOT", s);
+    }
+    enter_netns(&mut cmd, &lab.node.path());
+    let out = cmd.output().expect("run cnitool");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn cnitool_runs_a_plexus_host_device_conflist() {
+    let lab = Lab::new();
+    lab.add_nic("ens3f0", 9000);
+    lab.node.ip(&["addr", "add", "198.18.72.5/24", "dev", "ens3f0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let netconf = dir.path().join("net.d");
+    std::fs::create_dir_all(&netconf).unwrap();
+    let list = json!({"cniVersion": "1.0.0", "name": "hostdev", "plugins": [{"type": "plexus-host-device", "device": "ens3f0",
+        "dataDir": dir.path().join("state"),
+        "ipam": {"type": "plexus-ipam", "range": "198.18.73.0/24", "dataDir": dir.path().join("ipam")}}]});
+    std::fs::write(netconf.join("30-hostdev.conflist"), list.to_string()).unwrap();
+    let before = lab.node.link("ens3f0").unwrap();
+    let (ok, out) = cnitool_net(&lab, "add", "hostdev", &netconf, "net1", None);
+    assert!(ok, "{out}");
+    assert!(lab.node.link("ens3f0").is_none());
+    assert_eq!(lab.pod.addrs("net1")[0].cidr(), "198.18.73.1/24");
+    let (ok, out) = cnitool_net(&lab, "check", "hostdev", &netconf, "net1", None);
+    assert!(ok, "{out}");
+    let (ok, out) = cnitool_net(&lab, "del", "hostdev", &netconf, "net1", None);
+    assert!(ok, "{out}");
+    let after = lab.node.link("ens3f0").expect("back on the host");
+    assert_eq!((after.mtu, &after.address, after.is_up()), (before.mtu, &before.address, before.is_up()));
+    assert_eq!(lab.node.addrs("ens3f0")[0].cidr(), "198.18.72.5/24");
+}
+
+#[test]
+fn cnitool_runs_plexus_macvlan_chained_with_reference_tuning() {
+    let lab = Lab::new();
+    lab.add_nic("nic0", 9000);
+    let dir = tempfile::tempdir().unwrap();
+    let netconf = dir.path().join("net.d");
+    std::fs::create_dir_all(&netconf).unwrap();
+    let list = json!({"cniVersion": "1.0.0", "name": "tuned", "plugins": [
+        {"type": "plexus-macvlan", "master": "nic0",
+         "ipam": {"type": "plexus-ipam", "range": "198.18.74.0/24", "dataDir": dir.path().join("ipam")}},
+        {"type": "tuning", "promisc": true, "sysctl": {"net.ipv4.conf.net1.arp_filter": "1"}}]});
+    std::fs::write(netconf.join("40-tuned.conflist"), list.to_string()).unwrap();
+    let (ok, out) = cnitool_net(&lab, "add", "tuned", &netconf, "net1", None);
+    assert!(ok, "{out}");
+    let result: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(result["ips"][0]["address"], "198.18.74.1/24", "tuning passes plexus-macvlan's result on");
+    let net1 = lab.pod.link("net1").unwrap();
+    assert!(net1.flags.iter().any(|f| f == "PROMISC"), "tuning ran after plexus-macvlan: {:?}", net1.flags);
+    assert_eq!(net1.mtu, 9000);
+    assert_eq!(lab.pod.sysctl("net.ipv4.conf.net1.arp_filter"), "1");
+    let (ok, out) = cnitool_net(&lab, "check", "tuned", &netconf, "net1", None);
+    assert!(ok, "{out}");
+    let (ok, out) = cnitool_net(&lab, "del", "tuned", &netconf, "net1", None);
+    assert!(ok, "{out}");
+    assert!(lab.pod.link("net1").is_none());
+}

@@ -18,11 +18,35 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), Error> {
         .map_err(|e| Error::io(format!("create directory {}: {e}", dir.display())))
 }
 
-/// Replace `path` with `bytes`, atomically, mode 0600 (the temp file sits beside it).
+/// Replace `path` with `bytes`, atomically and durably (fsync), mode 0600 (the temp file sits
+/// beside it).
 pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     ensure_private_dir(dir)?;
     write_private_atomic_via(dir, path, bytes)
+}
+
+/// Replace `path` with `bytes` atomically (temp file, rename), mode 0600, without fsync: a
+/// process killed at any point leaves the old file or the new one, never a torn one; after a
+/// power loss it may be the old one. For state whose loss is recoverable (the meta-plugin's cache
+/// falls back to the API; a moved device is home after a reboot) and that sits on the hot path.
+pub fn replace_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    ensure_private_dir(dir)?;
+    let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
+    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let written = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|_| fs::rename(&tmp, path));
+    written.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(format!("write {}: {e}", path.display()))
+    })
 }
 
 /// [`write_private_atomic`] with the temp file in `tmp_dir` (same file system), for stores that

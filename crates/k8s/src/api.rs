@@ -63,11 +63,15 @@ impl ApiClient {
     /// A client from `kubeconfig`, else the in-cluster service account when
     /// `KUBERNETES_SERVICE_HOST` is set; `None` when neither is there (standalone use).
     pub fn connect(kubeconfig: Option<&Path>, timeout: Duration) -> Result<Option<ApiClient>, K8sError> {
+        let kubeconfig = kubeconfig.filter(|p| !p.as_os_str().is_empty());
+        if kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+            return Ok(None); // standalone: no runtime, no client
+        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| K8sError::Io(format!("start runtime: {e}")))?;
-        let config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+        let config = match kubeconfig {
             Some(path) => {
                 let kc = Kubeconfig::read_from(path)
                     .map_err(|e| K8sError::Config(format!("kubeconfig {}: {e}", path.display())))?;

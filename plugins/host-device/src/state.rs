@@ -62,7 +62,7 @@ pub fn path(data_dir: &Path, container_id: &str, ifname: &str) -> PathBuf {
 }
 
 pub fn save(path: &Path, state: &HostState) -> Result<(), Error> {
-    files::write_private_atomic(path, &serde_json::to_vec_pretty(state).expect("json"))
+    files::replace_private(path, &serde_json::to_vec_pretty(state).expect("json"))
         .map_err(|e| e.context("write host state"))
 }
 
@@ -109,8 +109,7 @@ pub async fn return_to_host(
         .unwrap_or_else(|| link.name.clone());
     let index = match pod_sock {
         Some(pod) => {
-            let down = LinkChange { up: Some(false), ..Default::default() };
-            pod.set_link(link.index, &down).await.map_err(|e| Error::from(e).context("set the device down"))?;
+            // The kernel takes the device down for the move itself.
             let back = LinkChange { netns: Some(node), name: Some(&host_name), ..Default::default() };
             pod.set_link(link.index, &back)
                 .await

@@ -300,7 +300,12 @@ async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, p
     if link.parent != Some(master.index) {
         return Err(failed(format!("{ifname} is not on master {:?}", master.name)));
     }
-    let want_mtu = conf.mtu(&master.name, master.mtu)?;
+    // The MTU the result reported (1.1), else the configured one: a later plugin of a chain that
+    // changes the MTU and says so in its result is not a failure.
+    let want_mtu = match prev.interfaces[idx].mtu {
+        Some(m) if m != 0 => m,
+        _ => conf.mtu(&master.name, master.mtu)?,
+    };
     if link.mtu != want_mtu {
         return Err(failed(format!("{ifname} has MTU {}, expected {want_mtu}", link.mtu)));
     }

@@ -30,7 +30,7 @@ pub fn path(cni_dir: &Path, container_id: &str) -> PathBuf {
 
 pub fn save(path: &Path, cache: &Cache) -> Result<(), Error> {
     let bytes = serde_json::to_vec_pretty(cache).expect("json");
-    files::write_private_atomic(path, &bytes).map_err(|e| e.context("write delegate cache"))
+    files::replace_private(path, &bytes).map_err(|e| e.context("write delegate cache"))
 }
 
 /// `Ok(None)` when there is no cache; `Err` (with why) when it exists but does not parse.
