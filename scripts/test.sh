@@ -15,7 +15,9 @@ fi
 #   iproute2 procps              ip and sysctl, the harness's independent view of the kernel
 #   protobuf-compiler libprotobuf-dev   protoc and the well-known protos, for etcd-client's build
 #   etcd-server etcd-client      a real etcd (and etcdctl) for the cluster-wide IPAM store tests
-packages=(containernetworking-plugins iproute2 procps protobuf-compiler libprotobuf-dev etcd-server etcd-client)
+#   podman runc containerd busybox-static tar   real runtimes driving plexus (a busybox image made locally)
+packages=(containernetworking-plugins iproute2 procps protobuf-compiler libprotobuf-dev etcd-server etcd-client
+          podman runc containerd busybox-static tar)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -115,7 +115,8 @@ pub fn dispatch(
         None => Ok(Some(version_document())),
         Some(req) => {
             let _log = logging::init(&req.config, about.name);
-            let span = tracing::info_span!("cni", command = %req.env.command, container = %req.env.container_id, ifname = %req.env.ifname);
+            let netns = req.env.netns.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+            let span = tracing::info_span!("cni", command = %req.env.command, container = %req.env.container_id, ifname = %req.env.ifname, netns = %netns);
             let _enter = span.enter();
             tracing::debug!(config = %String::from_utf8_lossy(&req.stdin), "invoked");
             let out = catch_unwind(AssertUnwindSafe(|| call(plugin, &req)))
