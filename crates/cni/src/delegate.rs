@@ -48,7 +48,7 @@ pub struct Running {
     plugin_type: String,
     command: Command,
     child: Child,
-    feeder: std::thread::JoinHandle<()>,
+    feeder: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Start `plugin_type` for `command`; [`Running::wait`] collects its outcome.
@@ -69,7 +69,9 @@ impl Running {
         let out = child
             .wait_with_output()
             .map_err(|e| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}")))?;
-        let _ = feeder.join();
+        if let Some(f) = feeder {
+            let _ = f.join();
+        }
         if !out.status.success() {
             let err = delegate_error(&plugin_type, &out);
             tracing::debug!(plugin = %plugin_type, %command, code = err.code, "delegate failed: {err}");
@@ -88,12 +90,15 @@ impl Running {
     }
 }
 
+/// Configs up to this size go into the pipe at once (a pipe holds 64 KiB): no thread needed.
+const STDIN_INLINE_MAX: usize = 16 * 1024;
+
 fn start(
     binary: &Path,
     command: Command,
     env: &CniEnv,
     stdin: Vec<u8>,
-) -> std::io::Result<(Child, std::thread::JoinHandle<()>)> {
+) -> std::io::Result<(Child, Option<std::thread::JoinHandle<()>>)> {
     let mut cmd = Process::new(binary);
     cmd.env("CNI_COMMAND", command.as_str())
         .env("CNI_CONTAINERID", &env.container_id)
@@ -109,11 +114,16 @@ fn start(
     };
     let mut child = cmd.spawn()?;
     let mut pipe = child.stdin.take().expect("stdin is piped");
-    // Feed stdin from a thread so a delegate that writes before it reads cannot deadlock us.
+    if stdin.len() <= STDIN_INLINE_MAX {
+        // Fits in the pipe: written at once, whatever the delegate does first.
+        let _ = pipe.write_all(&stdin);
+        return Ok((child, None));
+    }
+    // Larger: from a thread, so a delegate that writes before it reads cannot deadlock us.
     let feeder = std::thread::spawn(move || {
         let _ = pipe.write_all(&stdin);
     });
-    Ok((child, feeder))
+    Ok((child, Some(feeder)))
 }
 
 /// The IPAM step of an attaching plugin. IPAM plugins that do not touch the interface run
