@@ -17,6 +17,18 @@ pub use kernel::{Addr, Link, Route, Rule};
 pub use netns::{Lab, Netns};
 pub use runner::{Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, tool_bin};
 
+/// Unmount (lazily) every mount below `dir`: what a runtime's storage left in a test's temp dir.
+pub fn unmount_below(dir: &std::path::Path) {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let prefix = dir.display().to_string();
+    let mut points: Vec<&str> =
+        mounts.lines().filter_map(|l| l.split_whitespace().nth(1)).filter(|m| m.starts_with(&prefix)).collect();
+    points.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in points {
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 /// Fail the test with a clear message when not root: these tests create namespaces and links.
 pub fn require_root() {
     if !nix::unistd::geteuid().is_root() {

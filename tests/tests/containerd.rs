@@ -72,13 +72,7 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "grep -o ' {}[^ ]*' /proc/mounts | sort -r | xargs -r -n1 umount -l",
-                self.dir.path().display()
-            ))
-            .status();
+        plexus_tests::unmount_below(self.dir.path());
     }
 }
 
@@ -107,10 +101,8 @@ fn busybox_archive(dir: &Path) -> PathBuf {
     podman(&["import", tar.to_str().unwrap(), "localhost/plexus-bb:test"]);
     let archive = dir.join("image.tar");
     podman(&["save", "--format", "docker-archive", "-o", archive.to_str().unwrap(), "localhost/plexus-bb:test"]);
-    let _ = Command::new("sh")
-        .arg("-c")
-        .arg(format!("grep -o ' {}/p[^ ]*' /proc/mounts | sort -r | xargs -r -n1 umount -l", dir.display()))
-        .status();
+    plexus_tests::unmount_below(&dir.join("proot"));
+    plexus_tests::unmount_below(&dir.join("prunroot"));
     archive
 }
 

@@ -79,13 +79,7 @@ impl Podman {
 impl Drop for Podman {
     fn drop(&mut self) {
         // Unmount what podman's storage left mounted in the temp dir before it is removed.
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "grep -o ' {}[^ ]*' /proc/mounts | sort -r | xargs -r -n1 umount -l",
-                self.dir.path().display()
-            ))
-            .status();
+        plexus_tests::unmount_below(self.dir.path());
     }
 }
 

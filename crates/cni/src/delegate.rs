@@ -42,6 +42,15 @@ pub fn exec(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -
     spawn(plugin_type, command, env, config)?.wait()
 }
 
+/// Forward `command` to the config's IPAM plugin, if it names one (the spec: CHECK, DEL, GC and
+/// STATUS go to the delegates too).
+pub fn forward_to_ipam(req: &crate::Request, command: Command) -> Result<(), Error> {
+    match req.config.ipam_type() {
+        Some(ipam) => exec(ipam, command, &req.env, &req.config.to_value()).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
 /// A delegate started and not yet waited for: it runs while the caller does other work.
 #[derive(Debug)]
 pub struct Running {

@@ -33,8 +33,14 @@ pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 pub fn replace_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     ensure_private_dir(dir)?;
+    replace_private_via(dir, path, bytes)
+}
+
+/// [`replace_private`] with the temp file in `tmp_dir` (same file system), for stores that sweep
+/// one directory of the temp files a killed process left.
+pub fn replace_private_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
-    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let tmp = tmp_dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
     let written = OpenOptions::new()
         .write(true)
         .create(true)
@@ -51,7 +57,7 @@ pub fn replace_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 
 /// [`write_private_atomic`] with the temp file in `tmp_dir` (same file system), for stores that
 /// sweep one directory of the temp files a killed process left.
-pub fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Error> {
+fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
     let tmp = tmp_dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));

@@ -178,6 +178,14 @@ pub fn validate_device_info_path(path: &str) -> Result<PathBuf, Error> {
     Ok(p.to_path_buf())
 }
 
+/// `runtimeConfig.CNIDeviceInfoFile` of a request, checked.
+pub fn device_info_file(req: &plexus_cni::Request) -> Result<Option<PathBuf>, Error> {
+    match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
+        Some(p) if !p.is_empty() => validate_device_info_path(p).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// Write a device-info document (atomically, 0600).
 pub fn write_device_info(path: &Path, doc: &Value) -> Result<(), Error> {
     files::write_private_atomic(path, &serde_json::to_vec_pretty(doc).expect("json"))

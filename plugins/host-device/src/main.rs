@@ -16,10 +16,10 @@ mod state;
 use std::process::ExitCode;
 
 use conf::{HostDeviceConf, Selected};
-use plexus_cni::delegate::{self, IpamStep};
+use plexus_cni::delegate::{IpamStep, forward_to_ipam};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::configure::{self, IfaceSetup};
-use plexus_net::sysfs::{Sysfs, device_info_pci, validate_device_info_path, write_device_info};
+use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns};
 use state::HostState;
 
@@ -27,20 +27,6 @@ struct HostDevice;
 
 fn main() -> ExitCode {
     plexus_cni::plugin::run(About { name: "plexus-host-device", version: env!("CARGO_PKG_VERSION") }, &HostDevice)
-}
-
-fn device_info_file(req: &Request) -> Result<Option<std::path::PathBuf>, Error> {
-    match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
-        Some(p) if !p.is_empty() => validate_device_info_path(p).map(Some),
-        _ => Ok(None),
-    }
-}
-
-fn forward_to_ipam(req: &Request, command: Command) -> Result<(), Error> {
-    match req.config.ipam_type() {
-        Some(ipam) => delegate::exec(ipam, command, &req.env, &req.config.to_value()).map(|_| ()),
-        None => Ok(()),
-    }
 }
 
 fn result_interface(ifname: &str, link: Option<&Link>, pod: &Netns, pci: Option<String>) -> Interface {

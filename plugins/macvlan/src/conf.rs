@@ -77,12 +77,4 @@ impl MacvlanConf {
     pub fn rail_table(&self, ifname: &str) -> Option<u32> {
         self.multi_rail.then(|| self.route_table.unwrap_or_else(|| plexus_net::configure::multi_rail_table(ifname)))
     }
-
-    /// `runtimeConfig.CNIDeviceInfoFile`, checked.
-    pub fn device_info_file(req: &Request) -> Result<Option<std::path::PathBuf>, Error> {
-        match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
-            Some(p) if !p.is_empty() => plexus_net::sysfs::validate_device_info_path(p).map(Some),
-            _ => Ok(None),
-        }
-    }
 }

@@ -15,10 +15,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::process::ExitCode;
 
 use conf::MacvlanConf;
-use plexus_cni::delegate::{self, IpamStep};
+use plexus_cni::delegate::{IpamStep, forward_to_ipam};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::configure::{self, IfaceSetup};
-use plexus_net::sysfs::{Sysfs, device_info_pci, write_device_info};
+use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns, NewMacvlan};
 
 /// Attempts at a free temporary name before giving up.
@@ -35,7 +35,7 @@ impl Plugin for Macvlan {
         let conf = MacvlanConf::load(req)?;
         let mode = conf.mode()?;
         let mac = conf.mac(req)?;
-        let device_info = MacvlanConf::device_info_file(req)?;
+        let device_info = device_info_file(req)?;
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
         configure::runtime()?.block_on(async {
             let node = LinkSocket::current()?;
@@ -81,7 +81,7 @@ impl Plugin for Macvlan {
         let conf = MacvlanConf::load(req)?;
         // IPAM DEL always runs, even when the namespace is gone; its error is reported last.
         let ipam = forward_to_ipam(req, Command::Del).err();
-        if let Some(path) = MacvlanConf::device_info_file(req)? {
+        if let Some(path) = device_info_file(req)? {
             files::remove_if_present(&path)?;
         }
         if let Some(path) = req.netns() {
@@ -228,13 +228,6 @@ async fn undo_add(req: &Request, conf: &MacvlanConf, sock: &LinkSocket, link: &L
         && let Err(e) = configure::remove_rules(sock, table).await
     {
         tracing::error!("rollback: remove rules: {e}");
-    }
-}
-
-fn forward_to_ipam(req: &Request, command: Command) -> Result<(), Error> {
-    match req.config.ipam_type() {
-        Some(ipam) => delegate::exec(ipam, command, &req.env, &req.config.to_value()).map(|_| ()),
-        None => Ok(()),
     }
 }
 

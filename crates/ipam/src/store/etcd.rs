@@ -22,9 +22,8 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn, TxnOp,
 };
-use serde::{Deserialize, Serialize};
 
-use super::{AllocRequest, Allocation, Candidates, Owner, Store};
+use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store};
 use crate::config::EtcdConfig;
 use crate::error::IpamError;
 use crate::range::{IpRange, to_u128};
@@ -38,18 +37,6 @@ pub struct EtcdStore {
     root: String,
     timeout: Duration,
     block_size: u128,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Record {
-    owner: Owner,
-    ips: Vec<Held>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Held {
-    ip: IpAddr,
-    range: String,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {

@@ -22,28 +22,14 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use plexus_cni::files;
-use serde::{Deserialize, Serialize};
 
-use super::{AllocRequest, Allocation, Candidates, Owner, Store};
+use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store};
 use crate::error::IpamError;
 use crate::range::IpRange;
 
 #[derive(Debug)]
 pub struct FileStore {
     dir: PathBuf,
-}
-
-/// What `attachments/<cid>=<ifname>` holds.
-#[derive(Debug, Serialize, Deserialize)]
-struct Record {
-    owner: Owner,
-    ips: Vec<Held>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Held {
-    ip: IpAddr,
-    range: String,
 }
 
 fn store_err(what: &str, path: &Path, e: std::io::Error) -> IpamError {
@@ -131,18 +117,7 @@ impl FileStore {
     /// Atomic 0600 replace (temp file in tmp/, swept under the lock; rename). No fsync here: the
     /// lock is held, and [`FileStore::persist`] makes the change durable after it is released.
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), IpamError> {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = self.dir.join("tmp").join(format!(".{name}.{}", std::process::id()));
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| store_err("create", &tmp, e))?;
-        f.write_all(bytes).map_err(|e| store_err("write", &tmp, e))?;
-        drop(f);
-        fs::rename(&tmp, path).map_err(|e| store_err("rename into", path, e))
+        files::replace_private_via(&self.dir.join("tmp"), path, bytes).map_err(|e| IpamError::Store(e.msg))
     }
 
     /// Make the files of an operation (and the directories naming them) durable. Runs after the

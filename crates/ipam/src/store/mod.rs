@@ -41,6 +41,19 @@ pub struct Allocation {
     pub owner: Owner,
 }
 
+/// What an attachment holds, as both stores record it.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) owner: Owner,
+    pub(crate) ips: Vec<Held>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Held {
+    pub(crate) ip: IpAddr,
+    pub(crate) range: String,
+}
+
 /// An ADD: one address from each range (`requested[i]` = a specific address for range `i`).
 #[derive(Clone, Debug)]
 pub struct AllocRequest<'a> {
