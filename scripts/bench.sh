@@ -206,10 +206,13 @@ spec:
 YAML
 echo "{\"cniVersion\":\"1.0.0\",\"name\":\"rail0\",\"type\":\"plexus-macvlan\",\"master\":\"nic0\",\"mode\":\"bridge\"}" > "$work/direct.json"
 echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"nadDir\":\"$work/nads\",\"networks\":\"rail0@net1\",\"cniDir\":\"$work/meta-cache\",\"binDir\":\"$BIN\"}" > "$work/meta.json"
+# Each timed ADD is a new pod's: the previous run's link and delegate cache go first, as DEL would
+# remove them (a real ADD never finds a cache under a fresh container ID).
+fresh_pod="sh -c 'ip -n $pod link del net1 2>/dev/null; rm -f $work/meta-cache/bench; true'"
 hf meta-direct env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/direct.json" \
   --prepare "$unlink_pod" --export-json "$work/meta-direct.json" -n plexus-macvlan "$BIN/plexus-macvlan"
 hf meta-nad env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta.json" \
-  --prepare "$unlink_pod" --export-json "$work/meta-nad.json" -n plexus "$BIN/plexus"
+  --prepare "$fresh_pod" --export-json "$work/meta-nad.json" -n plexus "$BIN/plexus"
 echo "{\"meta\": $(rss "$work/meta.json" "$BIN/plexus")}" > "$work/meta-rss.json"
 # With the Kubernetes API: the tests' fake API server over HTTPS (CA + bearer token), in the node
 # namespace; plexus reads the pod's annotation and the NAD, and PATCHes network-status.
@@ -220,7 +223,7 @@ read -r _ready <&"${FAKE[0]}"
 echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"kubeconfig\":\"$work/kubeconfig\",\"cniDir\":\"$work/meta-cache\",\"binDir\":\"$BIN\"}" > "$work/meta-api.json"
 hf meta-api env CNI_COMMAND=ADD CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench;K8S_POD_UID=uid-bench" \
   "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta-api.json" \
-  --prepare "$unlink_pod" --export-json "$work/meta-api.json.out" -n plexus "$BIN/plexus"
+  --prepare "$fresh_pod" --export-json "$work/meta-api.json.out" -n plexus "$BIN/plexus"
 mv "$work/meta-api.json.out" "$work/meta-api-result.json"
 eval "exec ${FAKE[1]}>&-"
 wait "$FAKE_PID" 2>/dev/null || true

@@ -88,3 +88,6 @@ api = med("meta-api-result")["plexus"]
 print(f"| the same through plexus with the Kubernetes API (fake API server, HTTPS: pod GET, NAD GET, status PATCH) | {api:.2f} |")
 print(f"| **overhead of plexus, Kubernetes API** (target ≤ 10 ms) | **{api - direct:.2f}** |")
 print(f"| peak RSS of one plexus ADD (`nadDir`) | {mrss/1024:.1f} MiB |")
+print("\nEach timed plexus ADD is a fresh pod's: the previous run's link and delegate cache are removed")
+print("before it (outside the timing), as DEL would; the cache is written once before the delegate and")
+print("the delegate's result appended to it.")

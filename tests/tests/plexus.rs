@@ -103,8 +103,14 @@ fn two_networks_one_a_conflist_attach_as_net1_and_net2_and_del_removes_everythin
     let meta = std::fs::metadata(&cache).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert_eq!(std::fs::metadata(s.cache_dir()).unwrap().permissions().mode() & 0o777, 0o700);
-    let cached: Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    // Its head: every attachment; then one record per delegate result.
+    let bytes = std::fs::read(&cache).unwrap();
+    let values: Vec<Value> = serde_json::Deserializer::from_slice(&bytes).into_iter().map(Result::unwrap).collect();
+    let cached = &values[0];
     assert_eq!(cached["attachments"][1]["network"], "default/rail1");
+    assert_eq!(values.len(), 3, "the head and two results");
+    assert_eq!(values[2]["attachment"], 1);
+    assert_eq!(values[2]["result"]["ips"][0]["address"], "198.18.21.1/24");
     assert_eq!(cached["attachments"][1]["conf"]["plugins"][1]["type"], "tuning", "the conflist is kept whole");
 
     let check = s.run("CHECK", &c);

@@ -1,12 +1,17 @@
 //! The delegate cache: `<cniDir>/<containerID>`, written losslessly before the first delegate
-//! runs and after each one succeeds, so DEL and CHECK know exactly what was attached even when
-//! the API server is gone. 0600 in a 0700 directory; container IDs are validated by the entry
-//! point before they become a file name.
+//! runs, so DEL and CHECK know exactly what was attached even when the API server is gone. Each
+//! delegate's result is then appended as one JSON record (`{"attachment": i, "result": ...}`):
+//! an append to a fresh file costs the file system far less than replacing it (no rename over an
+//! existing file, no truncation), and a record torn by a crash is ignored on load — the delegate
+//! is still known from the head and gets its DEL without prevResult. 0600 in a 0700 directory;
+//! container IDs are validated by the entry point before they become a file name.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use plexus_cni::{Error, files};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::attachment::Attachment;
 
@@ -28,18 +33,56 @@ pub fn path(cni_dir: &Path, container_id: &str) -> PathBuf {
     cni_dir.join(container_id)
 }
 
+/// One delegate's ADD result, appended after the head.
+#[derive(Debug, Serialize, Deserialize)]
+struct ResultRecord<V> {
+    attachment: usize,
+    result: V,
+}
+
+/// Writes the head: the whole cache, replacing any earlier one atomically.
 pub fn save(path: &Path, cache: &Cache) -> Result<(), Error> {
     let bytes = serde_json::to_vec_pretty(cache).expect("json");
     files::replace_private(path, &bytes).map_err(|e| e.context("write delegate cache"))
 }
 
-/// `Ok(None)` when there is no cache; `Err` (with why) when it exists but does not parse.
+/// Appends attachment `index`'s result to the cache [`save`] wrote.
+pub fn record_result(path: &Path, index: usize, result: &Value) -> Result<(), Error> {
+    let mut line = b"\n".to_vec();
+    serde_json::to_writer(&mut line, &ResultRecord { attachment: index, result }).expect("json");
+    line.push(b'\n');
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(&line))
+        .map_err(|e| Error::io(format!("write delegate cache {}: {e}", path.display())))
+}
+
+/// `Ok(None)` when there is no cache; `Err` (with why) when it exists but its head does not
+/// parse. Result records are applied in order; the first that does not parse ends the reading.
 pub fn load(path: &Path) -> Result<Option<Cache>, String> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("{}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut values = serde_json::Deserializer::from_slice(&bytes).into_iter::<Value>();
+    let head = match values.next() {
+        Some(Ok(v)) => v,
+        Some(Err(e)) => return Err(format!("{}: {e}", path.display())),
+        None => return Err(format!("{}: empty", path.display())),
+    };
+    let mut cache: Cache = serde_json::from_value(head).map_err(|e| format!("{}: {e}", path.display()))?;
+    for value in values {
+        let Some(record) = value.ok().and_then(|v| serde_json::from_value::<ResultRecord<Value>>(v).ok()) else {
+            tracing::warn!("{}: a torn result record ignored", path.display());
+            break;
+        };
+        if let Some(a) = cache.attachments.get_mut(record.attachment) {
+            a.result = Some(record.result);
+        }
     }
+    Ok(Some(cache))
 }
 
 /// Every cache in `cni_dir` (GC).
@@ -50,4 +93,60 @@ pub fn all(cni_dir: &Path) -> Vec<(PathBuf, Cache)> {
         .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
         .filter_map(|e| Some((e.path(), load(&e.path()).ok()??)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn attachment(network: &str) -> Attachment {
+        serde_json::from_value(json!({"network": network, "ifname": "net1", "conf": {"type": "x"}})).unwrap()
+    }
+
+    fn saved(dir: &Path) -> PathBuf {
+        let path = dir.join("c1");
+        let cache = Cache {
+            version: CACHE_VERSION,
+            container_id: "c1".into(),
+            netns: None,
+            pod_ref: None,
+            attachments: vec![attachment("a"), attachment("b")],
+        };
+        save(&path, &cache).unwrap();
+        path
+    }
+
+    #[test]
+    fn appended_results_are_read_back_onto_their_attachments() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = saved(dir.path());
+        record_result(&path, 1, &json!({"cniVersion": "1.0.0", "ips": []})).unwrap();
+        record_result(&path, 0, &json!({"cniVersion": "1.0.0"})).unwrap();
+        let cache = load(&path).unwrap().unwrap();
+        assert_eq!(cache.attachments[0].result, Some(json!({"cniVersion": "1.0.0"})));
+        assert_eq!(cache.attachments[1].result, Some(json!({"cniVersion": "1.0.0", "ips": []})));
+    }
+
+    #[test]
+    fn a_torn_last_record_is_ignored_and_the_attachments_are_still_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = saved(dir.path());
+        record_result(&path, 0, &json!({"cniVersion": "1.0.0"})).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"attachment": 1, "resu"#).unwrap();
+        let cache = load(&path).unwrap().unwrap();
+        assert_eq!(cache.attachments.len(), 2);
+        assert_eq!(cache.attachments[0].result, Some(json!({"cniVersion": "1.0.0"})));
+        assert_eq!(cache.attachments[1].result, None);
+    }
+
+    #[test]
+    fn a_corrupt_head_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c1");
+        std::fs::write(&path, b"{\"version\": 1, \"contain").unwrap();
+        assert!(load(&path).unwrap_err().contains("c1"));
+        assert!(load(&dir.path().join("none")).unwrap().is_none());
+    }
 }

@@ -167,8 +167,8 @@ impl Plugin for Meta {
             }
             match a.add(&base) {
                 Ok((result, raw)) => {
+                    cache::record_result(&cache_path, i, &raw)?;
                     state.attachments[i].result = Some(raw);
-                    cache::save(&cache_path, &state)?;
                     results.push(result);
                 }
                 Err(e) => {
