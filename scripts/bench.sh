@@ -112,6 +112,7 @@ ipam_conf() { # name plugin range datadir [extra json]
 }
 if want ipam; then
 echo "== ipam (file store vs host-local)"
+rm -rf "$work"/{ours,hl}-{single,conc}   # a reused BENCH_WORK starts from empty pools
 ipam_conf single plexus-ipam 198.18.0.0/24 "$work/ours-single" > "$work/ipam-ours.json"
 ipam_conf single host-local 198.18.0.0/24 "$work/hl-single" > "$work/ipam-hl.json"
 hf ipam-add env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --export-json "$work/ipam-add.json" \
@@ -131,6 +132,7 @@ if want fill; then
 echo "== ipam: allocation time as the pool fills (plexus: a /16 to 90 %; host-local: a /20)"
 # host-local's ADD scans every allocation file for the container ID, so filling a /16 with it
 # takes hours; its curve is taken on a /20 (4094 addresses).
+rm -rf "$work/ours-fill" "$work/hl-fill"   # a reused BENCH_WORK starts from empty pools
 ipam_conf fill plexus-ipam 198.18.0.0/16 "$work/ours-fill" > "$work/ipam-ours-fill.json"
 ipam_conf fill host-local 198.19.0.0/20 "$work/hl-fill" > "$work/ipam-hl-fill.json"
 for which in ours hl; do
@@ -153,6 +155,7 @@ fi
 if want etcd; then
 echo "== ipam: etcd store, 1000 allocations, 16 clients, 4 simulated nodes"
 etcd_dir=$work/etcd
+rm -rf "$etcd_dir"
 cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 ip netns exec "$node" etcd --name bench --data-dir "$etcd_dir" --log-level error \
