@@ -165,9 +165,12 @@ impl Plugin for Meta {
             {
                 files::write_private_atomic(f, &doc)?;
             }
-            match a.add(&base) {
+            // A result the cache cannot record is a failed ADD too: the delegate is rolled back.
+            let added = a
+                .add(&base)
+                .and_then(|(result, raw)| cache::record_result(&cache_path, i, &raw).map(|()| (result, raw)));
+            match added {
                 Ok((result, raw)) => {
-                    cache::record_result(&cache_path, i, &raw)?;
                     state.attachments[i].result = Some(raw);
                     results.push(result);
                 }
