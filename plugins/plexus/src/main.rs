@@ -120,6 +120,17 @@ fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], result
     Ok(api.set_network_status(&pod.namespace, &pod.name, &all)?)
 }
 
+/// The device plugin's device-info, copied where the delegate will look (spec §5); a delegate
+/// that finds none may write its own.
+fn copy_device_info(a: &Attachment) -> Result<(), Error> {
+    if let (Some(r), Some(d), Some(f)) = (&a.resource_name, &a.device_id, &a.device_info_file)
+        && let Ok(doc) = std::fs::read(plan::device_plugin_info(r, d))
+    {
+        files::write_private_atomic(f, &doc)?;
+    }
+    Ok(())
+}
+
 /// DEL every attachment in reverse, keeping going past failures; device-info files go too.
 fn delete_all(attachments: &[Attachment], base: &CniEnv) -> Vec<String> {
     let mut errors = Vec::new();
@@ -158,16 +169,10 @@ impl Plugin for Meta {
         for i in 0..state.attachments.len() {
             let a = &state.attachments[i];
             tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
-            // The device plugin's device-info goes where the delegate will look (spec §5); a
-            // delegate that finds none may write its own.
-            if let (Some(r), Some(d), Some(f)) = (&a.resource_name, &a.device_id, &a.device_info_file)
-                && let Ok(doc) = std::fs::read(plan::device_plugin_info(r, d))
-            {
-                files::write_private_atomic(f, &doc)?;
-            }
-            // A result the cache cannot record is a failed ADD too: the delegate is rolled back.
-            let added = a
-                .add(&base)
+            // A device-info file that cannot be placed or a result the cache cannot record is a
+            // failed ADD too: what was added is rolled back.
+            let added = copy_device_info(a)
+                .and_then(|()| a.add(&base))
                 .and_then(|(result, raw)| cache::record_result(&cache_path, i, &raw).map(|()| (result, raw)));
             match added {
                 Ok((result, raw)) => {
