@@ -9,6 +9,11 @@ use std::path::Path;
 
 use crate::error::Error;
 
+/// Create (or truncate) `path` as a private file (0600), open for writing.
+pub fn create_private(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)
+}
+
 /// Create `dir` (and parents) with mode 0700 where missing.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), Error> {
     DirBuilder::new()
@@ -41,14 +46,7 @@ pub fn replace_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 pub fn replace_private_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
     let tmp = tmp_dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(bytes))
-        .and_then(|_| fs::rename(&tmp, path));
+    let written = create_private(&tmp).and_then(|mut f| f.write_all(bytes)).and_then(|_| fs::rename(&tmp, path));
     written.map_err(|e| {
         let _ = fs::remove_file(&tmp);
         Error::io(format!("write {}: {e}", path.display()))
@@ -62,13 +60,7 @@ fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
     let tmp = tmp_dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
     let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}: {e}", tmp.display()));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| io("create", e))?;
+    let mut f = create_private(&tmp).map_err(|e| io("create", e))?;
     f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| {
         let _ = fs::remove_file(&tmp);
         io("write", e)

@@ -150,13 +150,7 @@ impl FileStore {
     /// Reserve address file `key` for `holder`: false when it is taken.
     fn reserve(&self, key: &str, holder: &str) -> Result<bool, IpamError> {
         let tmp = self.dir.join("tmp").join(format!("{key}.{}", std::process::id()));
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| store_err("create", &tmp, e))?;
+        let mut f = files::create_private(&tmp).map_err(|e| store_err("create", &tmp, e))?;
         f.write_all(holder.as_bytes()).map_err(|e| store_err("write", &tmp, e))?;
         drop(f);
         let target = self.ip_path(key);
