@@ -2,7 +2,7 @@
 //! addresses, routes and rules. Plugins never see a netlink attribute.
 
 use std::net::IpAddr;
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 
 use futures::StreamExt;
 use ipnetwork::IpNetwork;
@@ -23,7 +23,7 @@ use netlink_sys::{TokioSocket, protocols::NETLINK_ROUTE};
 use rtnetlink::{Handle, LinkMacVlan, LinkUnspec};
 
 use crate::error::{NetError, Result};
-use crate::netns::Netns;
+use crate::netns::{InNetns, Netns};
 
 /// The kernel's main routing table.
 pub const MAIN_TABLE: u32 = 254;
@@ -262,6 +262,22 @@ pub struct LinkSocket {
     handle: Handle,
 }
 
+/// A socket [`LinkSocket::opening`] is opening in another namespace.
+#[derive(Debug)]
+pub struct OpeningSocket(InNetns<std::io::Result<OwnedFd>>);
+
+impl OpeningSocket {
+    /// Wait for the socket. Call from within a tokio runtime: the connection task is spawned on it.
+    pub fn finish(self) -> Result<LinkSocket> {
+        let fd = self.0.join()?.map_err(|e| NetError::io("open netlink socket", e))?;
+        // SAFETY: fd is a netlink socket this process just created and nothing else owns.
+        let socket = unsafe { TokioSocket::from_raw_fd(fd.into_raw_fd()) };
+        let (conn, handle, _) = rtnetlink::from_socket(socket);
+        tokio::spawn(conn);
+        Ok(LinkSocket { handle })
+    }
+}
+
 /// The address family of IPv4 (`true`) or IPv6 (`false`), for [`LinkSocket::routes`].
 pub fn family(v4: bool) -> AddressFamily {
     if v4 { AddressFamily::Inet } else { AddressFamily::Inet6 }
@@ -274,14 +290,17 @@ fn family_of(ip: &IpAddr) -> AddressFamily {
 impl LinkSocket {
     /// A socket inside `ns`. Call from within a tokio runtime: the connection task is spawned on it.
     pub fn open(ns: &Netns) -> Result<LinkSocket> {
-        let fd = ns
-            .run("open netlink socket", || netlink_sys::Socket::new(NETLINK_ROUTE).map(|s| s.into_raw_fd()))?
-            .map_err(|e| NetError::io("open netlink socket", e))?;
-        // SAFETY: fd was just created and is owned by nothing else.
-        let socket = unsafe { TokioSocket::from_raw_fd(fd) };
-        let (conn, handle, _) = rtnetlink::from_socket(socket);
-        tokio::spawn(conn);
-        Ok(LinkSocket { handle })
+        LinkSocket::opening(ns)?.finish()
+    }
+
+    /// Start opening a socket inside `ns` and go on (the thread that joins `ns` costs about as much
+    /// as a netlink round trip): [`OpeningSocket::finish`] takes it, within a tokio runtime.
+    pub fn opening(ns: &Netns) -> Result<OpeningSocket> {
+        let socket = ns.spawn("open netlink socket", || {
+            // SAFETY: the descriptor was just released by the socket that owned it.
+            netlink_sys::Socket::new(NETLINK_ROUTE).map(|s| unsafe { OwnedFd::from_raw_fd(s.into_raw_fd()) })
+        })?;
+        Ok(OpeningSocket(socket))
     }
 
     /// A socket in the calling thread's namespace.

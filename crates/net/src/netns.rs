@@ -54,18 +54,26 @@ impl Netns {
     pub fn run<T: Send>(&self, what: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
         let fd = self.file.as_fd();
         std::thread::scope(|s| {
-            s.spawn(move || {
-                // A private fs context, so setns cannot be refused for a shared one.
-                unshare(CloneFlags::CLONE_FS).map_err(|e| NetError::io(format!("{what}: unshare"), e.into()))?;
-                setns(fd, CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| NetError::io(format!("{what}: enter netns {:?}", self.path), e.into()))?;
-                Ok(f())
-            })
-            .join()
-            .unwrap_or_else(|_| Err(NetError::Protocol { op: what.into(), msg: "thread panicked".into() }))
+            s.spawn(move || enter(fd, what, &self.path).map(|()| f())).join().unwrap_or_else(|_| Err(panicked(what)))
         })
     }
 
+    /// Start `f` on a fresh thread that joins this namespace, and go on: the caller does other
+    /// work meanwhile and collects `f`'s value with [`InNetns::join`]. Like [`Netns::run`], the
+    /// thread ends with `f`.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<InNetns<T>> {
+        let file = self.file.try_clone().map_err(|e| NetError::io(format!("{what}: dup netns handle"), e))?;
+        let path = self.path.clone();
+        let thread = std::thread::Builder::new()
+            .name("netns".into())
+            .spawn(move || enter(file.as_fd(), what, &path).map(|()| f()))
+            .map_err(|e| NetError::io(format!("{what}: start thread"), e))?;
+        Ok(InNetns { what, thread })
+    }
     /// Write sysctls (paths under `/proc/sys`, see [`sysctl`]) inside this namespace, in order.
     pub fn write_sysctls(&self, settings: &[(PathBuf, &str)]) -> Result<()> {
         if settings.is_empty() {
@@ -88,6 +96,32 @@ impl Netns {
                 .map_err(|e| NetError::io(format!("read sysctl {}", key.display()), e))
         })?
     }
+}
+
+/// Work started by [`Netns::spawn`], running in that namespace.
+#[derive(Debug)]
+pub struct InNetns<T> {
+    what: &'static str,
+    thread: std::thread::JoinHandle<Result<T>>,
+}
+
+impl<T> InNetns<T> {
+    /// Wait for the work and take its value.
+    pub fn join(self) -> Result<T> {
+        self.thread.join().unwrap_or_else(|_| Err(panicked(self.what)))
+    }
+}
+
+/// Join the namespace `fd` on the calling thread, which must be one of [`Netns::run`]'s or
+/// [`Netns::spawn`]'s own.
+fn enter(fd: BorrowedFd<'_>, what: &str, path: &Path) -> Result<()> {
+    // A private fs context, so setns cannot be refused for a shared one.
+    unshare(CloneFlags::CLONE_FS).map_err(|e| NetError::io(format!("{what}: unshare"), e.into()))?;
+    setns(fd, CloneFlags::CLONE_NEWNET).map_err(|e| NetError::io(format!("{what}: enter netns {path:?}"), e.into()))
+}
+
+fn panicked(what: &str) -> NetError {
+    NetError::Protocol { op: what.into(), msg: "thread panicked".into() }
 }
 
 /// Create a named network namespace at `path` (`/run/netns/<name>`, as `ip netns add` does): a

@@ -37,11 +37,19 @@ impl Plugin for Macvlan {
         let mac = conf.mac(req)?;
         let device_info = device_info_file(req)?;
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
+        // The pod's socket opens on a thread of its own while the master is looked up.
+        let opening = LinkSocket::opening(&pod)?;
         configure::runtime()?.block_on(async {
             let node = LinkSocket::current()?;
-            let pod_sock = LinkSocket::open(&pod)?;
+            let (pod_sock, master) = if conf.link_in_container {
+                let pod_sock = opening.finish()?;
+                let master = find_master(&pod_sock, &conf).await?;
+                (pod_sock, master)
+            } else {
+                let master = find_master(&node, &conf).await?;
+                (opening.finish()?, master)
+            };
             let master_sock = if conf.link_in_container { &pod_sock } else { &node };
-            let master = find_master(master_sock, &conf).await?;
             let mtu = conf.mtu(&master.name, master.mtu)?;
             let spec = NewMacvlan {
                 name: "",
