@@ -192,22 +192,18 @@ cat > "$work/hostdev.json" <<JSON
 JSON
 # One timed command = ADD then DEL; hyperfine's shell mode subtracts the shell's own start-up.
 cycle() { echo "CNI_COMMAND=ADD $1 < $work/hostdev.json > /dev/null && CNI_COMMAND=DEL $1 < $work/hostdev.json > /dev/null"; }
-# Two floors by `ip`, the same kernel work without a plugin: one move each way (what both plugins
-# here do), and upstream's two moves each way through a temporary namespace (plugins#1073, the
-# algorithm the issue's target assumed; Debian's 1.1.1 predates it; like upstream, it leaves the
-# device down in the host and does not restore its addresses).
+# Two references: Debian bookworm's 1.1.1 moves the device once each way; upstream moves it twice
+# each way, through a temporary namespace (plugins#1073, the version the issue's target is set
+# against), fetched from Debian unstable. And the floor: the same kernel work done by `ip`, one
+# move each way (address, up, move back, address and up restored as plexus does).
+UPSTREAM=$(bash scripts/tools/fetch-upstream-plugins.sh)
+echo "{\"version\": \"$(basename "$UPSTREAM")\"}" > "$work/upstream.json"
 ipn="ip -n $pod"
-floor1="ip link set ens1f0 netns $pod name net1 && $ipn addr add 198.18.61.2/24 dev net1 && $ipn link set net1 up"
-floor1="$floor1 && $ipn link set net1 netns $node name ens1f0 && ip addr add 198.18.60.5/24 dev ens1f0 && ip link set ens1f0 up"
-tmp=plxbench-t$$ ipt="ip -n plxbench-t$$"
-floor2="ip netns add $tmp && ip link set ens1f0 netns $tmp && $ipt link set ens1f0 name net1 alias ens1f0"
-floor2="$floor2 && $ipt link set net1 netns $pod && ip netns del $tmp && $ipn addr add 198.18.61.2/24 dev net1 && $ipn link set net1 up"
-floor2="$floor2 && ip netns add $tmp && $ipn link set net1 netns $tmp && $ipt link set net1 name ens1f0"
-floor2="$floor2 && $ipt link set ens1f0 netns $node && ip netns del $tmp"
+floor="ip link set ens1f0 netns $pod name net1 && $ipn addr add 198.18.61.2/24 dev net1 && $ipn link set net1 up"
+floor="$floor && $ipn link set net1 netns $node name ens1f0 && ip addr add 198.18.60.5/24 dev ens1f0 && ip link set ens1f0 up"
 hf hostdev-cycle "$HF" --runs "$(( RUNS < 100 ? RUNS : 100 ))" --warmup 5 --export-json "$work/hostdev-cycle.json" \
   -n plexus-host-device "$(cycle "$BIN/plexus-host-device")" -n reference-host-device "$(cycle "$REF/host-device")" \
-  -n floor-one-move "$floor1" -n floor-two-moves "$floor2"
-ip netns del "$tmp" 2>/dev/null || true
+  -n upstream-host-device "$(cycle "$UPSTREAM/host-device")" -n floor-one-move "$floor"
 
 fi
 
