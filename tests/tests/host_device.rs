@@ -207,6 +207,29 @@ fn a_failing_ipam_puts_the_device_back_with_its_host_state() {
 }
 
 #[test]
+fn del_restores_the_device_when_ipam_del_fails_and_reports_that_failure() {
+    let rig = Rig::new();
+    let before = rig.host("ens1f0");
+    let c = rig.conf("1.0.0", json!({"device": "ens1f0"}));
+    assert!(rig.run("ADD", &c).success());
+    // plexus-ipam cannot open a store under a regular file: its DEL fails; the device still comes
+    // back (IPAM DEL runs alongside) and the DEL reports the IPAM's error.
+    let broken = rig.conf(
+        "1.0.0",
+        json!({"device": "ens1f0", "ipam": {"type": "plexus-ipam", "range": "198.18.51.0/24", "dataDir": "/proc/version/ipam"}}),
+    );
+    let (code, msg, _) = rig.run("DEL", &broken).error();
+    assert_ne!(code, 0);
+    assert!(msg.contains("/proc/version/ipam"), "{msg}");
+    assert_eq!(rig.host("ens1f0"), before);
+    assert_eq!(rig.state_files(), 0);
+    let held = || std::fs::read_dir(rig.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(held(), 1, "the failed IPAM DEL released nothing");
+    assert!(rig.run("DEL", &c).success());
+    assert_eq!(held(), 0, "address released");
+}
+
+#[test]
 fn del_succeeds_twice_with_empty_netns_without_state_file_after_a_manual_move_back_and_after_the_netns_died() {
     let rig = Rig::new();
     let before = rig.host("ens1f0");

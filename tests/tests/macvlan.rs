@@ -238,6 +238,34 @@ fn a_failure_after_ipam_releases_the_address_and_removes_the_link() {
 }
 
 #[test]
+fn del_removes_the_link_when_ipam_del_fails_reports_that_failure_and_a_later_del_releases_the_address() {
+    let lab = lab();
+    let data = tempfile::tempdir().unwrap();
+    let ipam =
+        |dir: &str| json!({"ipam": {"type": "host-local", "dataDir": dir, "ranges": [[{"subnet": "198.18.4.0/24"}]]}});
+    let c = conf("1.0.0", ipam(data.path().to_str().unwrap()));
+    assert!(ours(&lab, "ADD", &c).success());
+    let reserved = || -> Vec<String> {
+        std::fs::read_dir(data.path().join("rail0"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("198."))
+            .collect()
+    };
+    assert_eq!(reserved().len(), 1);
+    // host-local cannot open a store under a regular file: its DEL fails, ours still removes the
+    // link (IPAM DEL runs alongside it) and reports host-local's error.
+    let broken = conf("1.0.0", ipam("/proc/version/store"));
+    let out = ours(&lab, "DEL", &broken);
+    assert!(!out.success(), "DEL with a failing IPAM must fail: {}", out.stdout);
+    assert!(out.stdout.contains("mkdir /proc/version"), "host-local's own error: {}", out.stdout);
+    assert_pod_clean(&lab.pod);
+    assert_eq!(reserved().len(), 1, "the failed IPAM DEL released nothing");
+    assert!(ours(&lab, "DEL", &c).success());
+    assert!(reserved().is_empty(), "address still reserved: {:?}", reserved());
+}
+
+#[test]
 fn del_succeeds_twice_without_netns_after_netns_is_gone_and_after_the_link_was_removed() {
     let lab = lab();
     let c = conf("1.0.0", json!({"ipam": static_ipam()}));

@@ -16,7 +16,7 @@ mod state;
 use std::process::ExitCode;
 
 use conf::{HostDeviceConf, Selected};
-use plexus_cni::delegate::{IpamStep, forward_to_ipam};
+use plexus_cni::delegate::{IpamStep, forward_to_ipam, forward_to_ipam_alongside};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, write_device_info};
@@ -137,15 +137,19 @@ impl Plugin for HostDevice {
 
     fn del(&self, req: &Request) -> Result<(), Error> {
         let conf = HostDeviceConf::load(req)?;
-        let ipam = forward_to_ipam(req, Command::Del).err();
-        if let Some(path) = device_info_file(req)? {
-            files::remove_if_present(&path)?;
-        }
-        let state_path = state::path(&conf.data_dir, &req.env.container_id, &req.env.ifname);
-        let host = state::load(&state_path);
-        restore(req.netns(), &req.env.ifname, host.as_ref())?;
-        files::remove_if_present(&state_path)?;
-        ipam.map_or(Ok(()), Err)
+        // IPAM DEL always runs, alongside the device's return; its error is reported last.
+        let ipam = forward_to_ipam_alongside(req, Command::Del);
+        let restored = (|| {
+            if let Some(path) = device_info_file(req)? {
+                files::remove_if_present(&path)?;
+            }
+            let state_path = state::path(&conf.data_dir, &req.env.container_id, &req.env.ifname);
+            let host = state::load(&state_path);
+            restore(req.netns(), &req.env.ifname, host.as_ref())?;
+            files::remove_if_present(&state_path)
+        })();
+        let ipam = ipam.wait();
+        restored.and(ipam)
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {
