@@ -56,6 +56,30 @@ hf() {
 }
 unlink_pod="sh -c 'ip -n $pod link del net1 2>/dev/null; true'"
 
+# hf_rounds NAME RUNS-PER-ROUND HYPERFINE-ARGS... -- UNITS...: hyperfine in ROUNDS rounds, the
+# commands' order rotated each round, so a drift of the machine's speed during the run does not
+# fall on one command; the report pools the rounds' times. A unit is `[--prepare CMD] -n NAME CMD`.
+ROUNDS=${ROUNDS:-5}
+hf_rounds() {
+  local name=$1 runs=$2 sep=$'\x1f' cur="" common=() units=() part=() args=() i r n
+  shift 2
+  while [ "$1" != "--" ]; do common+=("$1"); shift; done
+  shift
+  while [ $# -gt 0 ]; do
+    if [ "$1" = "-n" ]; then units+=("$cur$1$sep$2$sep$3"); cur=""; shift 3; else cur+="$1$sep$2$sep"; shift 2; fi
+  done
+  n=${#units[@]}
+  rm -f "$work/$name".r*.json
+  for ((r = 0; r < ROUNDS; r++)); do
+    args=()
+    for ((i = 0; i < n; i++)); do
+      IFS=$sep read -r -a part <<< "${units[(i + r) % n]}"
+      args+=("${part[@]}")
+    done
+    hf "$name.r$r" "${common[@]}" --runs "$runs" --export-json "$work/$name.r$r.json" "${args[@]}"
+  done
+}
+
 # rss NAME CONF CMD...: peak RSS (KiB) of one ADD, the link removed first.
 rss() {
   local conf=$1; shift
@@ -74,25 +98,29 @@ JSON
 cat > "$work/l2.json" <<JSON
 {"cniVersion":"1.0.0","name":"bench","type":"macvlan","master":"nic0","mode":"bridge"}
 JSON
-# The floor: the same end state (macvlan in the pod, named, MTU 9000, up) in ONE netlink request
-# from one `ip` process — less work than any plugin can do (no lookups, no rename, no sysctl).
+# Two floors by `ip -batch`, one process each. The floor the issue names does the same netlink
+# operations as the plugin: create the macvlan in the pod under a temporary name, then rename it and
+# bring it up (from inside the pod: `link-netns` names the master's namespace, `if<N>` its index).
+# The stricter one creates it named, sized and up in ONE request from the node namespace.
+ip -n "$pod" netns set "$node" auto 2>/dev/null || true
+master_idx=$(ip -n "$node" -o link show nic0 | cut -d: -f1)
+printf '%s\n' "link add link if$master_idx link-netns $node name plxtmp0 mtu 9000 type macvlan mode bridge" \
+  "link set plxtmp0 name net1 up" > "$work/floor-same.batch"
 echo "link add link nic0 name net1 mtu 9000 netns $pod up type macvlan mode bridge" > "$work/floor.batch"
 
-hf macvlan-add-static env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/static.json" \
-  --prepare "$unlink_pod" --export-json "$work/macvlan-add-static.json" \
-  -n plexus-macvlan "$BIN/plexus-macvlan" -n reference-macvlan "$REF/macvlan"
-hf macvlan-add-l2 env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/l2.json" \
-  --prepare "$unlink_pod" --export-json "$work/macvlan-add-l2.json" \
-  -n plexus-macvlan "$BIN/plexus-macvlan" -n reference-macvlan "$REF/macvlan" \
-  -n ip-batch-floor "ip -batch $work/floor.batch"
+per_round=$(( RUNS / ROUNDS ))
+hf_rounds macvlan-add-static "$per_round" env CNI_COMMAND=ADD "$HF" -N --warmup "$WARMUP" --input "$work/static.json" \
+  --prepare "$unlink_pod" -- -n plexus-macvlan "$BIN/plexus-macvlan" -n reference-macvlan "$REF/macvlan"
+hf_rounds macvlan-add-l2 "$per_round" env CNI_COMMAND=ADD "$HF" -N --warmup "$WARMUP" --input "$work/l2.json" \
+  --prepare "$unlink_pod" -- -n plexus-macvlan "$BIN/plexus-macvlan" -n reference-macvlan "$REF/macvlan" \
+  -n ip-batch-floor-same-ops "ip -n $pod -batch $work/floor-same.batch" -n ip-batch-floor-one-request "ip -batch $work/floor.batch"
 # DEL runs on a link that has been up for 300 ms, as in production where DEL comes long after ADD:
 # right after link-up the kernel's IPv6 start-up work (DAD, MLD) is in flight and the unregister
 # time depends on how soon DEL follows ADD, which would reward the slower plugin.
 add_ours="sh -c 'ip -n $pod link del net1 2>/dev/null; CNI_COMMAND=ADD $BIN/plexus-macvlan < $work/static.json >/dev/null; sleep 0.3'"
 add_ref="sh -c 'ip -n $pod link del net1 2>/dev/null; CNI_COMMAND=ADD $REF/macvlan < $work/static.json >/dev/null; sleep 0.3'"
 DEL_RUNS=$(( RUNS < 100 ? RUNS : 100 ))
-hf macvlan-del env CNI_COMMAND=DEL "$HF" -N --runs "$DEL_RUNS" --warmup 3 --input "$work/static.json" \
-  --export-json "$work/macvlan-del.json" \
+hf_rounds macvlan-del "$(( DEL_RUNS / ROUNDS ))" env CNI_COMMAND=DEL "$HF" -N --warmup 3 --input "$work/static.json" -- \
   --prepare "$add_ours" -n plexus-macvlan "$BIN/plexus-macvlan" \
   --prepare "$add_ref" -n reference-macvlan "$REF/macvlan"
 rss_ours=$(rss "$work/static.json" "$BIN/plexus-macvlan")
