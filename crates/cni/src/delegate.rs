@@ -51,28 +51,19 @@ pub fn forward_to_ipam(req: &crate::Request, command: Command) -> Result<(), Err
     }
 }
 
-/// Forward `command` to the config's IPAM plugin while the caller goes on (DEL: while it removes
-/// the interface). An IPAM plugin that talks on the interface (`dhcp` releases its lease through
-/// it) is run to completion first instead. [`IpamForward::wait`] gives the outcome.
-pub fn forward_to_ipam_alongside(req: &crate::Request, command: Command) -> IpamForward {
-    IpamForward(match req.config.ipam_type() {
+/// DEL of an attaching plugin: the IPAM DEL always runs, alongside `teardown` (the interface's
+/// removal); an IPAM plugin that talks on the interface (`dhcp` releases its lease through it)
+/// runs to completion before it instead. `teardown`'s error is reported first, the IPAM's after.
+pub fn del_with_ipam(req: &crate::Request, teardown: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    let config = req.config.to_value();
+    let ipam = match req.config.ipam_type() {
         None => Ok(None),
-        Some(t) if IPAM_NEEDING_THE_INTERFACE.contains(&t) => {
-            exec(t, command, &req.env, &req.config.to_value()).map(|_| None)
-        }
-        Some(t) => spawn(t, command, &req.env, &req.config.to_value()).map(Some),
-    })
-}
-
-/// An IPAM command [`forward_to_ipam_alongside`] started.
-#[derive(Debug)]
-#[must_use = "the IPAM plugin's outcome must be collected"]
-pub struct IpamForward(Result<Option<Running>, Error>);
-
-impl IpamForward {
-    pub fn wait(self) -> Result<(), Error> {
-        self.0?.map_or(Ok(()), |r| r.wait().map(|_| ()))
-    }
+        Some(t) if IPAM_NEEDING_THE_INTERFACE.contains(&t) => exec(t, Command::Del, &req.env, &config).map(|_| None),
+        Some(t) => spawn(t, Command::Del, &req.env, &config).map(Some),
+    };
+    let torn_down = teardown();
+    let ipam = ipam.and_then(|running| running.map_or(Ok(()), |r| r.wait().map(|_| ())));
+    torn_down.and(ipam)
 }
 
 /// A delegate started and not yet waited for: it runs while the caller does other work.

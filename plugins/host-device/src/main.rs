@@ -16,7 +16,7 @@ mod state;
 use std::process::ExitCode;
 
 use conf::{HostDeviceConf, Selected};
-use plexus_cni::delegate::{IpamStep, forward_to_ipam, forward_to_ipam_alongside};
+use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, write_device_info};
@@ -137,9 +137,7 @@ impl Plugin for HostDevice {
 
     fn del(&self, req: &Request) -> Result<(), Error> {
         let conf = HostDeviceConf::load(req)?;
-        // IPAM DEL always runs, alongside the device's return; its error is reported last.
-        let ipam = forward_to_ipam_alongside(req, Command::Del);
-        let restored = (|| {
+        del_with_ipam(req, || {
             if let Some(path) = device_info_file(req)? {
                 files::remove_if_present(&path)?;
             }
@@ -147,9 +145,7 @@ impl Plugin for HostDevice {
             let host = state::load(&state_path);
             restore(req.netns(), &req.env.ifname, host.as_ref())?;
             files::remove_if_present(&state_path)
-        })();
-        let ipam = ipam.wait();
-        restored.and(ipam)
+        })
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {

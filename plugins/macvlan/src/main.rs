@@ -15,7 +15,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::process::ExitCode;
 
 use conf::MacvlanConf;
-use plexus_cni::delegate::{IpamStep, forward_to_ipam, forward_to_ipam_alongside};
+use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, write_device_info};
@@ -87,10 +87,8 @@ impl Plugin for Macvlan {
 
     fn del(&self, req: &Request) -> Result<(), Error> {
         let conf = MacvlanConf::load(req)?;
-        // IPAM DEL always runs, even when the namespace is gone, alongside the link's removal; its
-        // error is reported last.
-        let ipam = forward_to_ipam_alongside(req, Command::Del);
-        let removed = (|| {
+        // IPAM DEL always runs, even when the namespace is gone.
+        del_with_ipam(req, || {
             if let Some(path) = device_info_file(req)? {
                 files::remove_if_present(&path)?;
             }
@@ -98,9 +96,7 @@ impl Plugin for Macvlan {
                 Some(path) => delete_link(&conf, path, &req.env.ifname),
                 None => Ok(()),
             }
-        })();
-        let ipam = ipam.wait();
-        removed.and(ipam)
+        })
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {
