@@ -186,6 +186,14 @@ pub fn device_info_file(req: &plexus_cni::Request) -> Result<Option<PathBuf>, Er
     }
 }
 
+/// DEL: remove the request's device-info file, if it names one and it is there.
+pub fn remove_device_info(req: &plexus_cni::Request) -> Result<(), Error> {
+    match device_info_file(req)? {
+        Some(path) => files::remove_if_present(&path),
+        None => Ok(()),
+    }
+}
+
 /// Write a device-info document (atomically, 0600).
 pub fn write_device_info(path: &Path, doc: &Value) -> Result<(), Error> {
     files::write_private_atomic(path, &serde_json::to_vec_pretty(doc).expect("json"))

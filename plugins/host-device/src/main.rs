@@ -19,7 +19,7 @@ use conf::{HostDeviceConf, Selected};
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::configure::{self, IfaceSetup};
-use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, write_device_info};
+use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns};
 use state::HostState;
 
@@ -138,9 +138,7 @@ impl Plugin for HostDevice {
     fn del(&self, req: &Request) -> Result<(), Error> {
         let conf = HostDeviceConf::load(req)?;
         del_with_ipam(req, || {
-            if let Some(path) = device_info_file(req)? {
-                files::remove_if_present(&path)?;
-            }
+            remove_device_info(req)?;
             let state_path = state::path(&conf.data_dir, &req.env.container_id, &req.env.ifname);
             let host = state::load(&state_path);
             restore(req.netns(), &req.env.ifname, host.as_ref())?;

@@ -16,9 +16,9 @@ use std::process::ExitCode;
 
 use conf::MacvlanConf;
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
-use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
+use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code};
 use plexus_net::configure::{self, IfaceSetup};
-use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, write_device_info};
+use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns, NewMacvlan};
 
 /// Attempts at a free temporary name before giving up.
@@ -89,9 +89,7 @@ impl Plugin for Macvlan {
         let conf = MacvlanConf::load(req)?;
         // IPAM DEL always runs, even when the namespace is gone.
         del_with_ipam(req, || {
-            if let Some(path) = device_info_file(req)? {
-                files::remove_if_present(&path)?;
-            }
+            remove_device_info(req)?;
             match req.netns() {
                 Some(path) => delete_link(&conf, path, &req.env.ifname),
                 None => Ok(()),
