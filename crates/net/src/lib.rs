@@ -5,6 +5,7 @@
 //! Must not: parse CNI configs or decide policy; plugins decide, this crate does.
 //! Must never call `setns` on a thread tokio may schedule on (see [`netns::Netns::run`]).
 
+pub mod check;
 pub mod configure;
 pub mod error;
 pub mod link;

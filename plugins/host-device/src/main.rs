@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use conf::{HostDeviceConf, Selected};
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
+use plexus_net::check;
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns};
@@ -153,32 +154,12 @@ impl Plugin for HostDevice {
         })?;
         forward_to_ipam(req, Command::Check)?;
         let ifname = req.env.ifname.as_str();
-        let failed = |what: String| Error::new(code::CHECK_FAILED, what);
         let pod = Netns::open(req.netns().expect("CHECK has CNI_NETNS"))?;
-        let sandbox = pod.path().display().to_string();
-        let idx = prev
-            .interfaces
-            .iter()
-            .position(|i| i.name == ifname && i.sandbox.as_deref() == Some(sandbox.as_str()))
-            .ok_or_else(|| failed(format!("prevResult has no interface {ifname:?} in {sandbox}")))?;
+        let idx = check::prev_interface(&prev, ifname, &pod)?;
         configure::runtime()?.block_on(async {
             let sock = LinkSocket::open(&pod)?;
-            let link = sock
-                .link(ifname)
-                .await?
-                .ok_or_else(|| failed(format!("interface {ifname:?} not found in {sandbox}")))?;
-            if let Some(mac) = &prev.interfaces[idx].mac
-                && link.mac_string().as_deref() != Some(mac.to_ascii_lowercase().as_str())
-            {
-                return Err(failed(format!("{ifname} has MAC {:?}, prevResult says {mac}", link.mac_string())));
-            }
-            let have: Vec<_> = sock.addresses(link.index).await?.into_iter().map(|(a, _)| a).collect();
-            for ip in prev.ips.iter().filter(|i| i.interface == Some(idx)) {
-                if !have.contains(&ip.address) {
-                    return Err(failed(format!("{ifname} lacks address {}", ip.address)));
-                }
-            }
-            Ok(())
+            let link = check::pod_link(&sock, ifname, &pod).await?;
+            check::mac_and_addresses(&sock, &link, ifname, &prev, idx).await
         })
     }
 

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use conf::MacvlanConf;
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code};
+use plexus_net::check::{self, failed};
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns, NewMacvlan};
@@ -274,17 +275,10 @@ fn nix_einval() -> i32 {
 /// CHECK: the link in the pod is the macvlan ADD made, with prevResult's MAC, addresses, routes.
 async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, pod: &Netns) -> Result<(), Error> {
     let ifname = req.env.ifname.as_str();
-    let failed = |what: String| Error::new(code::CHECK_FAILED, what);
-    let sandbox = pod.path().display().to_string();
-    let idx = prev
-        .interfaces
-        .iter()
-        .position(|i| i.name == ifname && i.sandbox.as_deref() == Some(sandbox.as_str()))
-        .ok_or_else(|| failed(format!("prevResult has no interface {ifname:?} in {sandbox}")))?;
+    let idx = check::prev_interface(prev, ifname, pod)?;
     let node = LinkSocket::current()?;
     let sock = LinkSocket::open(pod)?;
-    let link =
-        sock.link(ifname).await?.ok_or_else(|| failed(format!("interface {ifname:?} not found in {sandbox}")))?;
+    let link = check::pod_link(&sock, ifname, pod).await?;
     if link.kind.as_deref() != Some("macvlan") {
         return Err(failed(format!("{ifname} is a {:?} link, not a macvlan", link.kind.unwrap_or_default())));
     }
@@ -309,17 +303,7 @@ async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, p
     if link.mtu != want_mtu {
         return Err(failed(format!("{ifname} has MTU {}, expected {want_mtu}", link.mtu)));
     }
-    if let Some(mac) = &prev.interfaces[idx].mac
-        && link.mac_string().as_deref() != Some(mac.to_ascii_lowercase().as_str())
-    {
-        return Err(failed(format!("{ifname} has MAC {:?}, prevResult says {mac}", link.mac_string())));
-    }
-    let have: Vec<_> = sock.addresses(link.index).await?.into_iter().map(|(a, _)| a).collect();
-    for ip in prev.ips.iter().filter(|i| i.interface == Some(idx)) {
-        if !have.contains(&ip.address) {
-            return Err(failed(format!("{ifname} lacks address {}", ip.address)));
-        }
-    }
+    check::mac_and_addresses(&sock, &link, ifname, prev, idx).await?;
     let table = conf.rail_table(ifname);
     let mut routes = sock.routes(plexus_net::link::family(true)).await?;
     routes.extend(sock.routes(plexus_net::link::family(false)).await?);
