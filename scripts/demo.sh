@@ -35,6 +35,13 @@ spec:
      "ipam": {"type": "plexus-ipam", "range": "198.18.100.0/24", "gateway": "198.18.100.1",
               "dataDir": "$work/ipam"}}
 YAML
+# The node policy (root-owned, 0600): the IPAM store lives in this demo's temp dir, so that dir is
+# a data root. Without a policy file only plexus's default data directories are allowed.
+cat > "$work/policy.json" <<JSON
+{"dataRoots": ["$work"], "maxAttachments": 8}
+JSON
+chmod 600 "$work/policy.json"
+export PLEXUS_POLICY="$work/policy.json"
 cat > "$work/plexus.conf" <<JSON
 {"cniVersion": "1.0.0", "name": "plexus", "type": "plexus",
  "nadDir": "$work/nads", "networks": "rail0", "cniDir": "$work/cache", "binDir": "$BIN"}

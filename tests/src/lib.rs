@@ -15,7 +15,9 @@ pub mod runner;
 
 pub use kernel::{Addr, Link, Route, Rule};
 pub use netns::{Lab, Netns};
-pub use runner::{Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, tool_bin};
+pub use runner::{
+    Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, test_policy, tool_bin, write_policy,
+};
 
 /// Unmount (lazily) every mount below `dir`: what a runtime's storage left in a test's temp dir.
 pub fn unmount_below(dir: &std::path::Path) {

@@ -108,12 +108,40 @@ impl Outcome {
     }
 }
 
+/// The node policy the tests run under (`PLEXUS_POLICY`): test data directories live in temp
+/// dirs, so the system temp dir is a data root; nothing else differs from the defaults. Tests of
+/// the policy itself write their own with [`write_policy`].
+pub fn test_policy() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let target = bin_dir().parent().expect("target dir").to_path_buf();
+        let tmp = std::env::temp_dir();
+        write_policy(&target, "plexus-test-policy.json", &serde_json::json!({"dataRoots": [tmp]}))
+    })
+    .clone()
+}
+
+/// Write a node policy file `name` in `dir` (0600, atomically: tests share it) and return its path.
+pub fn write_policy(dir: &Path, name: &str, policy: &Value) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(policy).unwrap()).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
 impl PluginRun {
-    /// `binary` with `CNI_COMMAND=command`; the rest of the CNI environment is unset until given.
+    /// `binary` with `CNI_COMMAND=command` under the tests' node policy; the rest of the CNI
+    /// environment is unset until given.
     pub fn new(binary: impl Into<PathBuf>, command: &str) -> PluginRun {
         PluginRun {
             binary: binary.into(),
-            env: vec![("CNI_COMMAND".into(), command.into())],
+            env: vec![
+                ("CNI_COMMAND".into(), command.into()),
+                ("PLEXUS_POLICY".into(), test_policy().display().to_string()),
+            ],
             unset: vec![],
             stdin: vec![],
             netns: None,

@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use plexus_tests::runner::enter_netns;
-use plexus_tests::{Lab, plugin_bin, tool_bin};
+use plexus_tests::{Lab, plugin_bin, test_policy, tool_bin};
 use serde_json::{Value, json};
 
 /// libcni (in cnitool) keeps its result cache in /var/lib/cni/results; `del` removes the entry.
@@ -16,7 +16,8 @@ fn cnitool(lab: &Lab, verb: &str, netconf: &std::path::Path) -> (bool, String) {
         .arg(lab.pod.path())
         .env("NETCONFPATH", netconf)
         .env("CNI_PATH", plugin_bin("plexus").parent().unwrap())
-        .env("CNI_IFNAME", "eth0");
+        .env("CNI_IFNAME", "eth0")
+        .env("PLEXUS_POLICY", test_policy());
     enter_netns(&mut cmd, &lab.node.path());
     let out = cmd.output().expect("run cnitool");
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
@@ -73,7 +74,8 @@ fn cnitool_net(
         .arg(lab.pod.path())
         .env("NETCONFPATH", netconf)
         .env("CNI_PATH", format!("{}:/usr/lib/cni", plugin_bin("plexus").parent().unwrap().display()))
-        .env("CNI_IFNAME", ifname);
+        .env("CNI_IFNAME", ifname)
+        .env("PLEXUS_POLICY", test_policy());
     if let Some(s) = sysfs {
         cmd.env("PLEXUS_SYSFS_ROOT", s);
     }

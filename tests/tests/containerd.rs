@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use plexus_tests::runner::enter_netns;
-use plexus_tests::{Lab, plugin_bin};
+use plexus_tests::{Lab, plugin_bin, test_policy};
 use serde_json::json;
 
 struct Containerd {
@@ -144,7 +144,7 @@ fn ctr_run_cni_attaches_through_plexus_and_del_with_empty_netns_releases_the_add
         sock = c.sock().display()
     );
     let mut cmd = Command::new("unshare");
-    cmd.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+    cmd.args(["-m", "--propagation", "private", "sh", "-c", &script]).env("PLEXUS_POLICY", test_policy());
     enter_netns(&mut cmd, &lab.node.path());
     let out = cmd.output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

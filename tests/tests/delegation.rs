@@ -27,6 +27,7 @@ fn env_for(lab: &Lab, command: Command, path: Vec<PathBuf>) -> CniEnv {
         args: CniArgs::default(),
         path,
         netns_override: false,
+        vars: Vec::new(),
     }
 }
 

@@ -5,7 +5,7 @@
 //! spec's error format; libcni 1.1.2 leaves it out), knows 1.1.0 with GC and STATUS (libcni 1.1.2
 //! answers `unknown CNI_COMMAND: GC`), and checks CNI_NETNS against its own netns before ADD.
 
-use plexus_tests::{Lab, PluginRun, plugin_bin, reference_plugin};
+use plexus_tests::{Lab, PluginRun, plugin_bin, reference_plugin, write_policy};
 use serde_json::{Value, json};
 
 const OURS: &str = "plexus-test-plugin";
@@ -163,31 +163,44 @@ fn cni_netns_equal_to_the_plugins_own_is_code_8() {
 }
 
 #[test]
-fn stdout_holds_exactly_one_json_document_at_log_level_debug() {
+fn stdout_holds_one_json_document_and_the_log_goes_where_the_admin_says_never_where_the_config_says() {
+    use std::os::unix::fs::PermissionsExt;
     let lab = Lab::new();
-    let logdir = tempfile::tempdir().unwrap();
-    let logfile = logdir.path().join("sub/plexus.log");
-    for (extra, expect_stderr_log) in [
-        (json!({"logLevel": "debug", "logToStderr": true}), true),
-        (json!({"logLevel": "debug", "logFile": logfile.to_str().unwrap()}), false),
+    let dir = tempfile::tempdir().unwrap();
+    let (admin_log, passed_log, tenant_log) =
+        (dir.path().join("sub/plexus.log"), dir.path().join("passed.log"), dir.path().join("tenant.log"));
+    let policy = write_policy(dir.path(), "policy.json", &json!({"log": {"file": admin_log, "level": "debug"}}));
+    let mut c = conf("1.0.0");
+    c.as_object_mut().unwrap().extend(
+        json!({"logLevel": "debug", "logToStderr": true, "logFile": tenant_log.to_str().unwrap()})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    let run = |r: PluginRun| {
+        attach(&lab)(r).env("PLEXUS_POLICY", policy.to_str().unwrap()).stdin(&c).in_netns(&lab.node).run()
+    };
+    for out in [
+        run(PluginRun::new(plugin_bin(OURS), "ADD")),
+        // The meta-plugin hands its own (admin) log settings to its delegates this way.
+        run(PluginRun::new(plugin_bin(OURS), "ADD")
+            .env("PLEXUS_LOG_FILE", passed_log.to_str().unwrap())
+            .env("PLEXUS_LOG_LEVEL", "debug")),
     ] {
-        let mut c = conf("1.0.0");
-        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        let out = attach(&lab)(PluginRun::new(plugin_bin(OURS), "ADD")).stdin(&c).in_netns(&lab.node).run();
         let doc = out.result();
         assert_eq!(doc["ips"][0]["address"], "198.18.0.10/24");
         // One document: parsing a stream of values yields exactly one.
         let docs: Vec<Value> =
             serde_json::Deserializer::from_str(&out.stdout).into_iter().map(Result::unwrap).collect();
         assert_eq!(docs.len(), 1, "stdout: {}", out.stdout);
-        if expect_stderr_log {
-            assert!(out.stderr.contains("DEBUG") && out.stderr.contains("delegating"), "stderr: {}", out.stderr);
-        }
+        assert!(!out.stderr.contains("DEBUG"), "the config's logToStderr is not the admin's: {}", out.stderr);
     }
-    let log = std::fs::read_to_string(&logfile).unwrap();
-    assert!(log.contains("DEBUG") && log.contains("invoked") && log.contains("delegating"), "{log}");
-    use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&logfile).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(!tenant_log.exists(), "the config's logFile is never opened");
+    for log in [&admin_log, &passed_log] {
+        let text = std::fs::read_to_string(log).unwrap();
+        assert!(text.contains("DEBUG") && text.contains("invoked") && text.contains("delegating"), "{text}");
+        assert_eq!(std::fs::metadata(log).unwrap().permissions().mode() & 0o777, 0o600);
+    }
 }
 
 #[test]

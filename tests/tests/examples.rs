@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use plexus_cni::{ConfList, NetConf};
+use plexus_cni::{ConfList, NetConf, Policy};
 use plexus_ipam::IpamConfig;
 use plexus_k8s::nad::{DirSource, Nad, NadSource, is_conflist};
 use plexus_tests::{Lab, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
@@ -20,6 +20,11 @@ fn yaml_docs(path: &Path) -> Vec<Value> {
     serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The example node policy (its store profile backs the etcd example).
+fn example_policy() -> Policy {
+    Policy::from_file(&examples().join("policy.json")).unwrap_or_else(|e| panic!("policy.json: {e}"))
+}
+
 /// A delegate config as plexus runs it: a conflist, or a single conf (with the NAD's name).
 fn check_cni_config(what: &str, conf: &Value) {
     let bytes = serde_json::to_vec(conf).unwrap();
@@ -31,7 +36,7 @@ fn check_cni_config(what: &str, conf: &Value) {
         p.insert("name".into(), list.name.clone().into());
         let nc: NetConf = serde_json::from_value(Value::Object(p.clone())).unwrap();
         if nc.ipam_type() == Some("plexus-ipam") {
-            IpamConfig::from_netconf(&nc).unwrap_or_else(|e| panic!("{what}: ipam: {e}"));
+            IpamConfig::from_netconf(&nc, &example_policy()).unwrap_or_else(|e| panic!("{what}: ipam: {e}"));
         }
     }
 }

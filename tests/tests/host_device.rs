@@ -5,7 +5,7 @@
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use plexus_tests::{Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin};
+use plexus_tests::{Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, write_policy};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = "plexus-host-device";
@@ -79,10 +79,17 @@ impl Rig {
         c
     }
 
+    /// The rig's node policy: data in temp dirs, device-info files in the rig's dir.
+    fn policy(&self) -> PathBuf {
+        let policy = json!({"dataRoots": [std::env::temp_dir()], "deviceInfoDir": self.dir.path()});
+        write_policy(self.dir.path(), "policy.json", &policy)
+    }
+
     fn run_in(&self, bin: &Path, verb: &str, pod: &Netns, c: &Value) -> Outcome {
         PluginRun::new(bin, verb)
             .attachment("ctr1", &pod.path(), "net1", &cni_path())
             .env("PLEXUS_SYSFS_ROOT", self.sysfs().to_str().unwrap())
+            .env("PLEXUS_POLICY", self.policy().to_str().unwrap())
             .stdin(c)
             .in_netns(&self.lab.node)
             .run()
@@ -214,13 +221,15 @@ fn del_restores_the_device_when_ipam_del_fails_and_reports_that_failure() {
     assert!(rig.run("ADD", &c).success());
     // plexus-ipam cannot open a store under a regular file: its DEL fails; the device still comes
     // back (IPAM DEL runs alongside) and the DEL reports the IPAM's error.
+    let file = rig.dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
     let broken = rig.conf(
         "1.0.0",
-        json!({"device": "ens1f0", "ipam": {"type": "plexus-ipam", "range": "198.18.51.0/24", "dataDir": "/proc/version/ipam"}}),
+        json!({"device": "ens1f0", "ipam": {"type": "plexus-ipam", "range": "198.18.51.0/24", "dataDir": file.join("ipam")}}),
     );
     let (code, msg, _) = rig.run("DEL", &broken).error();
     assert_ne!(code, 0);
-    assert!(msg.contains("/proc/version/ipam"), "{msg}");
+    assert!(msg.contains("a-file: is not a directory"), "{msg}");
     assert_eq!(rig.host("ens1f0"), before);
     assert_eq!(rig.state_files(), 0);
     let held = || std::fs::read_dir(rig.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0);

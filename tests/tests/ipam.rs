@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use plexus_tests::etcd::Etcd;
-use plexus_tests::{Lab, Outcome, PluginRun, plugin_bin};
+use plexus_tests::{Lab, Outcome, PluginRun, plugin_bin, test_policy, write_policy};
 use serde_json::{Value, json};
 
 const IPAM: &str = "plexus-ipam";
@@ -28,9 +28,15 @@ fn run(lab: &Lab, verb: &str, cid: &str, c: &Value) -> Outcome {
 }
 
 fn run_args(lab: &Lab, verb: &str, cid: &str, c: &Value, args: &str) -> Outcome {
+    run_under(lab, verb, cid, c, args, &test_policy())
+}
+
+/// A run under node policy `policy`.
+fn run_under(lab: &Lab, verb: &str, cid: &str, c: &Value, args: &str, policy: &Path) -> Outcome {
     PluginRun::new(plugin_bin(IPAM), verb)
         .attachment(cid, &lab.pod.path(), "net1", &cni_path())
         .env("CNI_ARGS", args)
+        .env("PLEXUS_POLICY", policy.to_str().unwrap())
         .stdin(c)
         .in_netns(&lab.node)
         .run()
@@ -115,6 +121,7 @@ fn kill_9_mid_add_and_mid_del_never_duplicates_or_leaks() {
         let mut child = Command::new(plugin_bin(IPAM))
             .env_clear()
             .env("CNI_COMMAND", verb)
+            .env("PLEXUS_POLICY", test_policy())
             .env("CNI_CONTAINERID", cid)
             .env("CNI_NETNS", lab.pod.path())
             .env("CNI_IFNAME", "net1")
@@ -200,10 +207,10 @@ fn bad_config_is_code_7_naming_key_and_value() {
     for (ipam, want) in [
         (json!({"type": IPAM, "range": "198.18.0.0"}), "invalid range \"198.18.0.0\""),
         (json!({"type": IPAM, "range": "198.18.0.0/24", "exclude": ["nope"]}), "invalid exclude \"nope\""),
-        (json!({"type": IPAM, "range": "198.18.0.0/24", "store": "redis"}), "unknown store \"redis\""),
+        (json!({"type": IPAM, "range": "198.18.0.0/24", "store": "redis"}), "store \"redis\" is neither \"file\""),
         (
             json!({"type": IPAM, "range": "198.18.0.0/24", "store": {"etcd": {"endpoints": []}}}),
-            "store.etcd.endpoints is empty",
+            "store.etcd in a network config is refused",
         ),
         (json!({"type": IPAM}), "ipam needs \"range\" or \"ipRanges\""),
     ] {
@@ -298,22 +305,32 @@ fn dual_stack_end_to_end_with_plexus_macvlan_in_a_pod_namespace() {
     assert!(lab.pod.link("net1").is_none());
 }
 
-fn etcd_ipam(etcd: &Etcd, node: &str, timeout_ms: u64) -> Value {
-    json!({"type": IPAM, "range": "198.18.16.0/24", "nodeName": node,
-           "store": {"etcd": {"endpoints": [etcd.endpoint()], "prefix": "/plexus-test", "blockSize": 8, "timeoutMs": timeout_ms}}})
+/// A network on the etcd store: the config names the node policy's profile `test-etcd`, which
+/// [`etcd_policy`] defines.
+fn etcd_ipam(node: &str) -> Value {
+    json!({"type": IPAM, "range": "198.18.16.0/24", "nodeName": node, "store": "test-etcd"})
+}
+
+/// A node policy (in `dir`) whose store profile `test-etcd` is this etcd.
+fn etcd_policy(dir: &Path, etcd: &Etcd, timeout_ms: u64) -> std::path::PathBuf {
+    let profile = json!({"etcd": {"endpoints": [etcd.endpoint()], "prefix": "/plexus-test", "blockSize": 8,
+                                  "timeoutMs": timeout_ms}});
+    write_policy(dir, "policy.json", &json!({"stores": {"test-etcd": profile}}))
 }
 
 #[test]
 fn etcd_four_nodes_times_sixteen_concurrent_adds_get_distinct_addresses() {
     let lab = Lab::new();
     let etcd = Etcd::start_in(&lab.node);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = etcd_policy(dir.path(), &etcd, 2000);
     let addrs: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..64)
             .map(|i| {
-                let (lab, etcd) = (&lab, &etcd);
+                let (lab, policy) = (&lab, &policy);
                 s.spawn(move || {
-                    let c = conf("1.1.0", etcd_ipam(etcd, &format!("node-{}", i % 4), 2000));
-                    address(&run(lab, "ADD", &format!("ctr{i}"), &c))
+                    let c = conf("1.1.0", etcd_ipam(&format!("node-{}", i % 4)));
+                    address(&run_under(lab, "ADD", &format!("ctr{i}"), &c, "", policy))
                 })
             })
             .collect();
@@ -331,7 +348,10 @@ fn etcd_four_nodes_times_sixteen_concurrent_adds_get_distinct_addresses() {
 fn etcd_down_fails_add_and_del_with_code_11_within_the_deadline_and_recovers() {
     let lab = Lab::new();
     let mut etcd = Etcd::start_in(&lab.node);
-    let c = conf("1.1.0", etcd_ipam(&etcd, "node-a", 500));
+    let dir = tempfile::tempdir().unwrap();
+    let policy = etcd_policy(dir.path(), &etcd, 500);
+    let run = |lab: &Lab, verb: &str, cid: &str, c: &Value| run_under(lab, verb, cid, c, "", &policy);
+    let c = conf("1.1.0", etcd_ipam("node-a"));
     let kept = address(&run(&lab, "ADD", "before", &c));
     etcd.stop();
     for verb in ["ADD", "DEL"] {

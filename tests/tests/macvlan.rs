@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use plexus_tests::{Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin};
+use plexus_tests::{Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, write_policy};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = "plexus-macvlan";
@@ -394,20 +394,26 @@ fn device_info_names_the_parents_pci_address_and_rdma_device_from_a_fake_sysfs()
     std::os::unix::fs::symlink(&pf, sys.path().join("class/net/nic0/device")).unwrap();
     let out_dir = tempfile::tempdir().unwrap();
     let info = out_dir.path().join("devinfo/rail0-ctr1-net1.json");
+    // The device-info directory is the admin's: the test's policy moves it into a temp dir.
+    let policy = write_policy(out_dir.path(), "policy.json", &json!({"deviceInfoDir": out_dir.path().join("devinfo")}));
     let c = conf("1.1.0", json!({"runtimeConfig": {"CNIDeviceInfoFile": info.to_str().unwrap()}}));
-    let out = PluginRun::new(plugin_bin(PLUGIN), "ADD")
-        .attachment("ctr1", &lab.pod.path(), "net1", REFERENCE_CNI_DIR)
-        .env("PLEXUS_SYSFS_ROOT", sys.path().to_str().unwrap())
-        .stdin(&c)
-        .in_netns(&lab.node)
-        .run();
+    let run = |verb: &str| {
+        PluginRun::new(plugin_bin(PLUGIN), verb)
+            .attachment("ctr1", &lab.pod.path(), "net1", REFERENCE_CNI_DIR)
+            .env("PLEXUS_SYSFS_ROOT", sys.path().to_str().unwrap())
+            .env("PLEXUS_POLICY", policy.to_str().unwrap())
+            .stdin(&c)
+            .in_netns(&lab.node)
+            .run()
+    };
+    let out = run("ADD");
     assert!(out.success(), "{}", out.stdout);
     let doc: Value = serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
     assert_eq!(
         doc,
         json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": "0000:3b:00.1", "rdma-device": "mlx5_1"}})
     );
-    assert!(ours(&lab, "DEL", &c).success());
+    assert!(run("DEL").success());
     assert!(!info.exists(), "DEL removes the device-info file");
 }
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use plexus_tests::runner::enter_netns;
-use plexus_tests::{Lab, plugin_bin, tool_bin};
+use plexus_tests::{Lab, plugin_bin, test_policy, tool_bin};
 use serde_json::{Value, json};
 
 struct Ctl {
@@ -40,7 +40,8 @@ impl Ctl {
             .env("NETCONFPATH", self.netconf())
             .env("CNI_PATH", bin_dir())
             .env("CNI_IFNAME", "net1")
-            .env("CNI_CACHE_DIR", self.dir.path().join("cnicache"));
+            .env("CNI_CACHE_DIR", self.dir.path().join("cnicache"))
+            .env("PLEXUS_POLICY", test_policy());
         enter_netns(&mut cmd, &self.lab.node.path());
         let out = cmd.output().unwrap();
         (
@@ -111,7 +112,8 @@ impl Ctl {
             .env("NETCONFPATH", c.netconf())
             .env("CNI_PATH", bin_dir())
             .env("CNI_IFNAME", "net1")
-            .env("CNI_CACHE_DIR", cache);
+            .env("CNI_CACHE_DIR", cache)
+            .env("PLEXUS_POLICY", test_policy());
         enter_netns(&mut cmd, &c.lab.node.path());
         let out = cmd.output().unwrap();
         (

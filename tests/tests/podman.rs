@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use plexus_tests::runner::enter_netns;
-use plexus_tests::{Lab, plugin_bin};
+use plexus_tests::{Lab, plugin_bin, test_policy};
 use serde_json::json;
 
 struct Podman {
@@ -25,7 +25,9 @@ impl Podman {
             format!(
                 "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n\
                  [engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nruntime = \"runc\"\n\
+                 env = [\"PLEXUS_POLICY={}\"]\n\
                  [network]\nnetwork_backend = \"cni\"\ncni_plugin_dirs = [\"{}\", \"/usr/lib/cni\"]\nnetwork_config_dir = \"{}\"\n",
+                test_policy().display(),
                 plugin_bin("plexus").parent().unwrap().display(),
                 conf_dir.display()
             ),

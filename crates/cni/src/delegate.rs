@@ -129,6 +129,7 @@ fn start(
         .env("CNI_IFNAME", &env.ifname)
         .env("CNI_ARGS", env.args.to_env_string())
         .env("CNI_PATH", std::env::join_paths(&env.path).map_err(std::io::Error::other)?)
+        .envs(env.vars.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -80,6 +80,8 @@ pub struct CniEnv {
     pub path: Vec<PathBuf>,
     /// `CNI_NETNS_OVERRIDE`: skip the check that CNI_NETNS is not the plugin's own netns.
     pub netns_override: bool,
+    /// Further variables a delegate gets (the meta-plugin's log settings and its mark).
+    pub vars: Vec<(String, String)>,
 }
 
 impl CniEnv {
@@ -108,6 +110,7 @@ impl CniEnv {
             args: CniArgs::parse(&var("CNI_ARGS").unwrap_or_default())?,
             path: var("CNI_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default(),
             netns_override: var("CNI_NETNS_OVERRIDE").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")),
+            vars: Vec::new(),
         })
     }
 

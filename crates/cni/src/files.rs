@@ -1,17 +1,139 @@
 //! Files plexus keeps (caches, state, device-info): private (0600 in 0700 directories) and
 //! written atomically (temp file, fsync, rename, fsync of the directory), so a `kill -9` at any
-//! point leaves either the old file or the new one.
+//! point leaves either the old file or the new one. Temp files are created `O_EXCL|O_NOFOLLOW`
+//! (a planted file or symlink is never written through), and directories a config names are
+//! opened beneath their allowed root without following symlinks ([`SafeDir`]).
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::sys::stat::{Mode, mkdirat};
 
 use crate::error::Error;
 
-/// Create (or truncate) `path` as a private file (0600), open for writing.
+/// Create `path` as a new private file (0600), open for writing: `O_EXCL|O_NOFOLLOW`, so a file
+/// or symlink planted under that name is never written through. A leftover of the same name (a
+/// temp file of a killed process whose PID came round again) is removed first.
 pub fn create_private(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(OFlag::O_NOFOLLOW.bits()).open(path)
+}
+
+/// Whether `name` is a temp file name [`replace_private_via`] and its siblings make
+/// (`.<name>.tmp<pid>`): a sweep of leftovers removes only these.
+pub fn is_temp_name(name: &str) -> bool {
+    name.strip_prefix('.')
+        .and_then(|rest| rest.rsplit_once(".tmp"))
+        .is_some_and(|(base, pid)| !base.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The temp name beside `name` for this process.
+pub fn temp_name(name: &str) -> String {
+    format!(".{name}.tmp{}", std::process::id())
+}
+
+/// A directory opened beneath an allowed root without following symlinks, held open: paths made
+/// with [`SafeDir::join`] go through the open descriptor (`/proc/self/fd/N/...`), so renaming or
+/// replacing a directory on the way after the check changes nothing.
+#[derive(Debug)]
+pub struct SafeDir {
+    fd: OwnedFd,
+    shown: PathBuf,
+}
+
+/// Whether `path` is absolute and has no `.` or `..` component.
+pub fn is_clean_absolute(path: &Path) -> bool {
+    path.is_absolute() && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
+impl SafeDir {
+    /// `path` beneath `root`: `root` is the admin's (opened as it is, created 0700 when
+    /// missing); every component below it must be a real directory, never a symlink (`openat2`
+    /// with `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`), created 0700 where missing when `create`.
+    pub fn open_beneath(root: &Path, path: &Path, create: bool) -> std::io::Result<SafeDir> {
+        let rel = path.strip_prefix(root).map_err(|_| {
+            std::io::Error::new(
+                ErrorKind::InvalidInput,
+                format!("{} is not beneath {}", path.display(), root.display()),
+            )
+        })?;
+        if !is_clean_absolute(path) || !is_clean_absolute(root) {
+            return Err(std::io::Error::new(ErrorKind::InvalidInput, "not an absolute path without . or .."));
+        }
+        if create {
+            DirBuilder::new().recursive(true).mode(0o700).create(root)?;
+        }
+        let fd: OwnedFd = OpenOptions::new().read(true).custom_flags(OFlag::O_DIRECTORY.bits()).open(root)?.into();
+        let mut dir = SafeDir { fd, shown: root.to_path_buf() };
+        for c in rel.components() {
+            let Component::Normal(name) = c else { continue };
+            dir = dir.subdir(&name.to_string_lossy(), create)?;
+        }
+        Ok(dir)
+    }
+
+    /// The directory `name` inside this one (one component, never a symlink), created 0700 when
+    /// missing and `create`.
+    pub fn subdir(&self, name: &str, create: bool) -> std::io::Result<SafeDir> {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(std::io::Error::new(ErrorKind::InvalidInput, format!("invalid directory name {name:?}")));
+        }
+        let how = OpenHow::new()
+            .flags(OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let shown = self.shown.join(name);
+        let is_link = || fs::symlink_metadata(self.join(name)).is_ok_and(|m| m.file_type().is_symlink());
+        let explain = |e: Errno| {
+            let why = match e {
+                Errno::ELOOP | Errno::ENOTDIR if is_link() => "is a symbolic link: refused".to_string(),
+                Errno::ENOTDIR => "is not a directory".to_string(),
+                e => e.desc().to_string(),
+            };
+            std::io::Error::new(std::io::Error::from(e).kind(), format!("{}: {why}", shown.display()))
+        };
+        let fd = match openat2(self.fd.as_fd(), name, how) {
+            Err(Errno::ENOENT) if create => {
+                match mkdirat(self.fd.as_fd(), name, Mode::from_bits_truncate(0o700)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(explain(e)),
+                }
+                openat2(self.fd.as_fd(), name, how).map_err(explain)?
+            }
+            other => other.map_err(explain)?,
+        };
+        Ok(SafeDir { fd, shown })
+    }
+
+    /// A path to `name` in this directory that goes through the open descriptor.
+    pub fn join(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.path().join(name)
+    }
+
+    /// This directory, through its open descriptor.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+
+    /// The directory as the config named it (for messages).
+    pub fn shown(&self) -> &Path {
+        &self.shown
+    }
+
+    /// `p` (made by [`SafeDir::join`]) as a message should show it.
+    pub fn show(&self, p: &Path) -> PathBuf {
+        match p.strip_prefix(self.path()) {
+            Ok(rest) => self.shown.join(rest),
+            Err(_) => p.to_path_buf(),
+        }
+    }
 }
 
 /// Create `dir` (and parents) with mode 0700 where missing.
@@ -45,7 +167,7 @@ pub fn replace_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 /// one directory of the temp files a killed process left.
 pub fn replace_private_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
-    let tmp = tmp_dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let tmp = tmp_dir.join(temp_name(&name.to_string_lossy()));
     let written = create_private(&tmp).and_then(|mut f| f.write_all(bytes)).and_then(|_| fs::rename(&tmp, path));
     written.map_err(|e| {
         let _ = fs::remove_file(&tmp);
@@ -58,7 +180,7 @@ pub fn replace_private_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<
 fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
-    let tmp = tmp_dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let tmp = tmp_dir.join(temp_name(&name.to_string_lossy()));
     let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}: {e}", tmp.display()));
     let mut f = create_private(&tmp).map_err(|e| io("create", e))?;
     f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| {
@@ -101,5 +223,46 @@ mod tests {
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
         remove_if_present(&path).unwrap();
         remove_if_present(&path).unwrap();
+    }
+
+    #[test]
+    fn a_temp_file_is_never_written_through_a_planted_symlink() {
+        let root = tempfile::tempdir().unwrap();
+        let victim = root.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let dir = root.path().join("d");
+        fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(temp_name("state"))).unwrap();
+        replace_private(&dir.join("state"), b"new").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(fs::read(dir.join("state")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn temp_names_are_recognised_and_nothing_else_is() {
+        assert!(is_temp_name(&temp_name("c1")));
+        assert!(is_temp_name(".198.18.0.5.tmp42"));
+        for other in ["c1", ".tmp1", ".c1.tmp", ".c1.tmpx", "c1.tmp1", "..tmp1"] {
+            assert!(!is_temp_name(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn safe_dirs_are_created_beneath_their_root_and_never_through_a_symlink() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let d = SafeDir::open_beneath(r, &r.join("a/b"), true).unwrap();
+        assert_eq!(d.shown(), r.join("a/b"));
+        fs::write(d.join("f"), b"x").unwrap();
+        assert_eq!(fs::read(r.join("a/b/f")).unwrap(), b"x");
+        assert_eq!(d.show(&d.join("f")), r.join("a/b/f"));
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), r.join("a/link")).unwrap();
+        let e = SafeDir::open_beneath(r, &r.join("a/link/c"), true).unwrap_err();
+        assert!(e.to_string().contains("a/link: is a symbolic link"), "{e}");
+        assert!(fs::read_dir(elsewhere.path()).unwrap().next().is_none(), "nothing created through the link");
+        assert!(SafeDir::open_beneath(r, Path::new("/etc"), false).is_err(), "not beneath the root");
+        assert!(SafeDir::open_beneath(r, &r.join("a/../../etc"), false).is_err(), "no ..");
+        assert!(d.subdir("../x", true).is_err());
     }
 }

@@ -16,17 +16,23 @@ use serde_json::Value;
 use crate::config::NetConf;
 use crate::env::{CniEnv, Command, validate_network_name};
 use crate::error::{Error, code};
-use crate::logging;
+use crate::logging::{self, LogTarget};
+use crate::policy::Policy;
 use crate::result::{CniResult, write_json};
 use crate::version::SpecVersion;
 
-/// One invocation: the environment, the raw config and its parsed common part.
+/// The most configuration read from stdin (a NAD's config is tenant-written); more is code 6.
+pub const STDIN_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// One invocation: the environment, the raw config and its parsed common part, and the node
+/// policy.
 #[derive(Clone, Debug)]
 pub struct Request {
     pub env: CniEnv,
     pub version: SpecVersion,
     pub config: NetConf,
     pub stdin: Vec<u8>,
+    pub policy: Policy,
 }
 
 /// An attachment the runtime still considers valid (GC).
@@ -49,6 +55,12 @@ impl Request {
 
     pub fn netns(&self) -> Option<&Path> {
         self.env.netns.as_deref()
+    }
+
+    /// The pod's namespace as the runtime names it (`CNI_ARGS` `K8S_POD_NAMESPACE`): the scope
+    /// of the policy's per-namespace allow-lists.
+    pub fn pod_namespace(&self) -> Option<&str> {
+        self.env.args.get("K8S_POD_NAMESPACE").filter(|n| !n.is_empty())
     }
 
     /// GC: the attachments to keep, from `cni.dev/valid-attachments` or, from runtimes that
@@ -74,6 +86,11 @@ pub trait Plugin {
     }
     fn status(&self, _req: &Request) -> Result<(), Error> {
         Ok(())
+    }
+    /// Whether this invocation's config is the admin's (the meta-plugin run by the runtime from
+    /// the CNI conf dir), so that its log settings apply. Delegate configs are not.
+    fn admin_config(&self, _req: &Request) -> bool {
+        false
     }
 }
 
@@ -111,10 +128,11 @@ pub fn dispatch(
         return 0;
     }
     let mut print_version = SpecVersion::LATEST;
-    let outcome = prepare(getenv, stdin, &mut print_version).and_then(|req| match req {
+    let outcome = prepare(&getenv, stdin, &mut print_version).and_then(|req| match req {
         None => Ok(Some(version_document())),
         Some(req) => {
-            let _log = logging::init(&req.config, about.name);
+            let target = LogTarget::choose(&req.config, plugin.admin_config(&req), &getenv, &req.policy);
+            let _log = logging::init(&target, about.name);
             let netns = req.env.netns.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
             let span = tracing::info_span!("cni", command = %req.env.command, container = %req.env.container_id, ifname = %req.env.ifname, netns = %netns);
             let _enter = span.enter();
@@ -157,12 +175,20 @@ fn prepare(
     stdin: &mut impl Read,
     print_version: &mut SpecVersion,
 ) -> Result<Option<Request>, Error> {
-    let env = CniEnv::from_lookup(getenv)?;
+    let env = CniEnv::from_lookup(&getenv)?;
     if env.command == Command::Version {
         return Ok(None);
     }
     let mut raw = Vec::new();
-    stdin.read_to_end(&mut raw).map_err(|e| Error::io(format!("error reading from stdin: {e}")))?;
+    stdin
+        .take(STDIN_MAX_BYTES as u64 + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| Error::io(format!("error reading from stdin: {e}")))?;
+    if raw.len() > STDIN_MAX_BYTES {
+        return Err(Error::decoding(format!(
+            "network config on stdin is larger than {STDIN_MAX_BYTES} bytes: refused unread"
+        )));
+    }
     let config = NetConf::parse(&raw)?;
     let version = config.version()?;
     *print_version = version;
@@ -184,7 +210,8 @@ fn prepare(
     if matches!(env.command, Command::Add | Command::Del) && !env.netns_override {
         refuse_own_netns(env.netns.as_deref())?;
     }
-    Ok(Some(Request { env, version, config, stdin: raw }))
+    let policy = Policy::load(&getenv)?;
+    Ok(Some(Request { env, version, config, stdin: raw, policy }))
 }
 
 fn refuse_own_netns(netns: Option<&Path>) -> Result<(), Error> {

@@ -1,9 +1,14 @@
 //! The plexus-ipam configuration: whereabouts' keys with the same meaning, plus `store`,
 //! `dataDir` and `nodeName`.
+//!
+//! Who may set what: a network config (a tenant's NetworkAttachmentDefinition) chooses ranges,
+//! routes, DNS, `network_name`, and a store — the file store in a `dataDir` beneath the node
+//! policy's `dataRoots`, or a store profile the admin named in the policy (`"store": "fabric"`).
+//! etcd endpoints, prefixes and credential files come only from the policy.
 
 use std::path::PathBuf;
 
-use plexus_cni::{Dns, NetConf, Route};
+use plexus_cni::{Dns, NetConf, Policy, Route};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -11,7 +16,7 @@ use crate::error::IpamError;
 use crate::range::{IpRange, RangeSpec};
 
 /// Where the file store lives unless `dataDir` says otherwise.
-pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/plexus-ipam";
+pub const DEFAULT_DATA_DIR: &str = plexus_cni::paths::IPAM_DATA_DIR;
 /// The allocation domain of ranges without `network_name`.
 pub const DEFAULT_DOMAIN: &str = "default";
 
@@ -101,7 +106,12 @@ pub struct EtcdTls {
 /// Which store holds the allocations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreConfig {
-    File { data_dir: PathBuf },
+    /// The file store in `data_dir`, opened beneath `root` without following symlinks (`root` is
+    /// the policy's data root it lies beneath, or `data_dir` itself when a policy profile names it).
+    File {
+        data_dir: PathBuf,
+        root: PathBuf,
+    },
     Etcd(EtcdConfig),
 }
 
@@ -129,7 +139,7 @@ fn name_ok(s: &str) -> bool {
 }
 
 impl IpamConfig {
-    pub fn from_netconf(conf: &NetConf) -> Result<IpamConfig, IpamError> {
+    pub fn from_netconf(conf: &NetConf, policy: &Policy) -> Result<IpamConfig, IpamError> {
         let ipam = conf.ipam.as_ref().ok_or_else(|| IpamError::Config("missing \"ipam\" section".into()))?;
         let keys: Keys = serde_json::from_value(Value::Object(ipam.extra.clone()))
             .map_err(|e| IpamError::Config(format!("invalid ipam config: {e}")))?;
@@ -166,7 +176,7 @@ impl IpamConfig {
             }
             None => DEFAULT_DOMAIN.into(),
         };
-        let store = parse_store(keys.store.as_ref(), keys.data_dir)?;
+        let store = parse_store(keys.store.as_ref(), keys.data_dir, policy)?;
         let node = match keys.node_name {
             Some(n) if name_ok(&n) => n,
             Some(n) => return Err(IpamError::Config(format!("invalid nodeName {n:?}"))),
@@ -185,28 +195,70 @@ impl IpamConfig {
     }
 }
 
-fn parse_store(v: Option<&Value>, data_dir: Option<PathBuf>) -> Result<StoreConfig, IpamError> {
-    let file = |dir: Option<PathBuf>| StoreConfig::File { data_dir: dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into()) };
-    match v {
-        None => Ok(file(data_dir)),
-        Some(Value::String(s)) if s == "file" => Ok(file(data_dir)),
-        Some(Value::Object(m)) if m.len() == 1 && m.contains_key("file") => {
-            let dir = m["file"].get("dataDir").and_then(Value::as_str).map(PathBuf::from).or(data_dir);
-            Ok(file(dir))
-        }
-        Some(Value::Object(m)) if m.len() == 1 && m.contains_key("etcd") => {
-            let etcd: EtcdConfig = serde_json::from_value(m["etcd"].clone())
-                .map_err(|e| IpamError::Config(format!("invalid store.etcd: {e}")))?;
+/// The file store a config names: `key`'s directory must lie beneath the policy's `dataRoots`.
+fn tenant_file_store(key: &str, data_dir: Option<PathBuf>, policy: &Policy) -> Result<StoreConfig, IpamError> {
+    let (key, data_dir) = match data_dir {
+        Some(d) => (key, d),
+        None => ("dataDir", PathBuf::from(DEFAULT_DATA_DIR)),
+    };
+    let root = policy.data_root(key, &data_dir).map_err(|e| IpamError::Refused(e.to_string()))?.to_path_buf();
+    Ok(StoreConfig::File { data_dir, root })
+}
+
+/// A store profile of the node policy (`stores.<name>`): trusted, the admin wrote it.
+fn profile_store(name: &str, v: &Value) -> Result<StoreConfig, IpamError> {
+    let bad = |why: String| IpamError::Config(format!("node policy stores.{name}: {why}"));
+    let Some((kind, body)) = v.as_object().filter(|m| m.len() == 1).and_then(|m| m.iter().next()) else {
+        return Err(bad("must be {\"etcd\": {...}} or {\"file\": {\"dataDir\": ...}}".into()));
+    };
+    match kind.as_str() {
+        "etcd" => {
+            let etcd: EtcdConfig = serde_json::from_value(body.clone()).map_err(|e| bad(format!("etcd: {e}")))?;
             if etcd.endpoints.is_empty() {
-                return Err(IpamError::Config("store.etcd.endpoints is empty".into()));
+                return Err(bad("etcd.endpoints is empty".into()));
             }
             if etcd.block_size == 0 {
-                return Err(IpamError::Config("store.etcd.blockSize must be at least 1".into()));
+                return Err(bad("etcd.blockSize must be at least 1".into()));
             }
             Ok(StoreConfig::Etcd(etcd))
         }
+        "file" => {
+            let dir = body.get("dataDir").and_then(Value::as_str).map(PathBuf::from);
+            let dir = dir
+                .filter(|d| plexus_cni::files::is_clean_absolute(d))
+                .ok_or_else(|| bad("file.dataDir must be an absolute path without . or ..".into()))?;
+            Ok(StoreConfig::File { root: dir.clone(), data_dir: dir })
+        }
+        other => Err(bad(format!("unknown store kind {other:?}: use \"etcd\" or \"file\""))),
+    }
+}
+
+fn parse_store(v: Option<&Value>, data_dir: Option<PathBuf>, policy: &Policy) -> Result<StoreConfig, IpamError> {
+    match v {
+        None => tenant_file_store("dataDir", data_dir, policy),
+        Some(Value::String(s)) if s == "file" => tenant_file_store("dataDir", data_dir, policy),
+        Some(Value::Object(m)) if m.len() == 1 && m.contains_key("file") => {
+            let dir = m["file"].get("dataDir").and_then(Value::as_str).map(PathBuf::from);
+            match dir {
+                Some(d) => tenant_file_store("store.file.dataDir", Some(d), policy),
+                None => tenant_file_store("dataDir", data_dir, policy),
+            }
+        }
+        Some(Value::Object(m)) if m.len() == 1 && m.contains_key("etcd") => Err(IpamError::Refused(format!(
+            "store.etcd in a network config is refused: etcd endpoints and credentials come from the node policy; \
+             define a profile under \"stores\" in the policy ({}) and select it with \"store\": \"<name>\"",
+            policy.source
+        ))),
+        Some(Value::String(name)) => match policy.store(name) {
+            Some(profile) => profile_store(name, profile),
+            None => Err(IpamError::Refused(format!(
+                "store {name:?} is neither \"file\" nor a store profile of the node policy ({}): profiles {:?}",
+                policy.source,
+                policy.stores.keys().collect::<Vec<_>>()
+            ))),
+        },
         Some(other) => Err(IpamError::Config(format!(
-            "unknown store {other}: use \"file\", {{\"file\": {{\"dataDir\": ...}}}} or {{\"etcd\": {{...}}}}"
+            "unknown store {other}: use \"file\", {{\"file\": {{\"dataDir\": ...}}}} or the name of a store profile of the node policy"
         ))),
     }
 }
@@ -226,7 +278,7 @@ mod tests {
     fn conf(ipam: Value) -> Result<IpamConfig, IpamError> {
         let nc: NetConf =
             serde_json::from_value(json!({"cniVersion": "1.1.0", "name": "rail0", "ipam": ipam})).unwrap();
-        IpamConfig::from_netconf(&nc)
+        IpamConfig::from_netconf(&nc, &Policy::default())
     }
 
     #[test]
@@ -238,20 +290,62 @@ mod tests {
         assert_eq!(c.ranges[0].gateway.unwrap().to_string(), "198.18.0.1");
         assert_eq!(c.ranges[1].gateway, None, "an IPv4 gateway is not an IPv6 range's");
         assert_eq!((c.domain.as_str(), c.overlapping, c.node.as_str()), ("default", true, "n1"));
-        assert_eq!(c.store, StoreConfig::File { data_dir: DEFAULT_DATA_DIR.into() });
+        assert_eq!(c.store, StoreConfig::File { data_dir: DEFAULT_DATA_DIR.into(), root: DEFAULT_DATA_DIR.into() });
     }
 
     #[test]
     fn stores_parse_and_unknown_ones_are_refused_by_name() {
-        let c = conf(json!({"range": "198.18.0.0/24", "store": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}}))
+        let c = conf(json!({"range": "198.18.0.0/24", "store": {"file": {"dataDir": "/var/lib/cni/plexus-ipam/x"}}}))
             .unwrap();
-        assert!(matches!(c.store, StoreConfig::Etcd(ref e) if e.block_size == 16 && e.prefix == "/plexus-ipam"));
-        let c = conf(json!({"range": "198.18.0.0/24", "store": {"file": {"dataDir": "/tmp/x"}}})).unwrap();
-        assert_eq!(c.store, StoreConfig::File { data_dir: "/tmp/x".into() });
+        assert_eq!(
+            c.store,
+            StoreConfig::File { data_dir: "/var/lib/cni/plexus-ipam/x".into(), root: DEFAULT_DATA_DIR.into() }
+        );
         let e = conf(json!({"range": "198.18.0.0/24", "store": "redis"})).unwrap_err();
-        assert!(e.to_string().contains("unknown store \"redis\""), "{e}");
+        assert!(e.to_string().contains("store \"redis\" is neither \"file\" nor a store profile"), "{e}");
         let e = conf(json!({"range": "198.18.0.0/24", "network_name": "../x"})).unwrap_err();
         assert!(e.to_string().contains("invalid network_name \"../x\""), "{e}");
         assert!(conf(json!({"type": "plexus-ipam"})).is_err());
+    }
+
+    #[test]
+    fn a_network_config_never_chooses_etcd_endpoints_or_credentials() {
+        let e = conf(json!({"range": "198.18.0.0/24", "store": {"etcd": {"endpoints": ["http://198.18.9.9:2379"],
+            "passwordFile": "/var/lib/kubelet/pki/kubelet-client-current.pem", "username": "x"}}}))
+        .unwrap_err();
+        assert!(e.to_string().starts_with("store.etcd in a network config is refused"), "{e}");
+        assert_eq!(plexus_cni::Error::from(e).code, plexus_cni::code::INVALID_NETWORK_CONFIG);
+    }
+
+    #[test]
+    fn store_profiles_come_from_the_policy() {
+        let policy = Policy::parse(
+            json!({"stores": {"fabric": {"etcd": {"endpoints": ["http://127.0.0.1:2379"], "blockSize": 8}},
+                              "local": {"file": {"dataDir": "/srv/ipam"}}, "broken": {"etcd": {"endpoints": []}}}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        let with = |store: &str| {
+            let nc: NetConf = serde_json::from_value(
+                json!({"name": "n", "ipam": {"type": "plexus-ipam", "range": "198.18.0.0/24", "store": store}}),
+            )
+            .unwrap();
+            IpamConfig::from_netconf(&nc, &policy)
+        };
+        assert!(matches!(with("fabric").unwrap().store, StoreConfig::Etcd(ref e) if e.block_size == 8));
+        assert_eq!(
+            with("local").unwrap().store,
+            StoreConfig::File { data_dir: "/srv/ipam".into(), root: "/srv/ipam".into() }
+        );
+        assert!(with("broken").unwrap_err().to_string().contains("stores.broken: etcd.endpoints is empty"));
+    }
+
+    #[test]
+    fn a_data_dir_outside_the_policy_roots_is_refused_naming_key_and_value() {
+        let e = conf(json!({"range": "198.18.0.0/24", "dataDir": "/etc"})).unwrap_err();
+        assert!(e.to_string().starts_with("dataDir \"/etc\" is not beneath the node policy's dataRoots"), "{e}");
+        let e = conf(json!({"range": "198.18.0.0/24", "store": {"file": {"dataDir": "/tmp/x"}}})).unwrap_err();
+        assert!(e.to_string().starts_with("store.file.dataDir \"/tmp/x\""), "{e}");
     }
 }

@@ -9,6 +9,10 @@ pub enum IpamError {
     /// A configuration value that cannot be used (names the key and the value).
     #[error("{0}")]
     Config(String),
+    /// A store the node policy does not allow this config to use (names the key, the value and
+    /// the rule): nothing was ever stored there under this policy.
+    #[error("{0}")]
+    Refused(String),
     /// No free address left in a range.
     #[error("no free address left in range {range}")]
     Exhausted { range: String },
@@ -29,7 +33,7 @@ pub enum IpamError {
 impl From<IpamError> for Error {
     fn from(e: IpamError) -> Self {
         let c = match &e {
-            IpamError::Config(_) => code::INVALID_NETWORK_CONFIG,
+            IpamError::Config(_) | IpamError::Refused(_) => code::INVALID_NETWORK_CONFIG,
             IpamError::Exhausted { .. } => code::IPAM_EXHAUSTED,
             IpamError::InUse { .. } => code::IPAM_ADDRESS_IN_USE,
             IpamError::Outside { .. } => code::IPAM_ADDRESS_OUTSIDE,

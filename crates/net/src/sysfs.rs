@@ -167,30 +167,39 @@ pub fn device_info_pci(hw: &NetdevHardware) -> Option<Value> {
     Some(json!({"type": "pci", "version": DEVICE_INFO_VERSION, "pci": inner}))
 }
 
-/// Check a device-info path the runtime gave: absolute and without `..`.
-pub fn validate_device_info_path(path: &str) -> Result<PathBuf, Error> {
-    let p = Path::new(path);
-    if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(Error::invalid_config(format!(
-            "runtimeConfig.CNIDeviceInfoFile {path:?} must be an absolute path without \"..\""
-        )));
-    }
-    Ok(p.to_path_buf())
-}
-
-/// `runtimeConfig.CNIDeviceInfoFile` of a request, checked.
+/// `runtimeConfig.CNIDeviceInfoFile` of a request: only a file directly in the node policy's
+/// device-info directory (`/var/run/k8s.cni.cncf.io/devinfo/cni/`, also spelled through `/run`).
+/// A NAD can carry its own `runtimeConfig`, so anything else would let a tenant choose a file
+/// root overwrites (ADD) or deletes (rollback, DEL).
 pub fn device_info_file(req: &plexus_cni::Request) -> Result<Option<PathBuf>, Error> {
     match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
-        Some(p) if !p.is_empty() => validate_device_info_path(p).map(Some),
+        Some(p) if !p.is_empty() => {
+            let path = Path::new(p);
+            if req.policy.device_info_file_allowed(path) {
+                return Ok(Some(path.to_path_buf()));
+            }
+            Err(Error::invalid_config(format!("runtimeConfig.CNIDeviceInfoFile {p:?} is refused")).with_details(
+                format!(
+                    "only a file directly in the device-info directory {} (policy: {})",
+                    req.policy.device_info_dir.display(),
+                    req.policy.source
+                ),
+            ))
+        }
         _ => Ok(None),
     }
 }
 
-/// DEL: remove the request's device-info file, if it names one and it is there.
+/// DEL: remove the request's device-info file, if it names one and it is there. A path the
+/// policy refuses is left alone (logged): DEL still succeeds.
 pub fn remove_device_info(req: &plexus_cni::Request) -> Result<(), Error> {
-    match device_info_file(req)? {
-        Some(path) => files::remove_if_present(&path),
-        None => Ok(()),
+    match device_info_file(req) {
+        Ok(Some(path)) => files::remove_if_present(&path),
+        Ok(None) => Ok(()),
+        Err(e) => {
+            tracing::warn!("device-info file not removed: {e}");
+            Ok(())
+        }
     }
 }
 
@@ -272,12 +281,5 @@ mod tests {
         assert_eq!(s.netdev_hardware("veth0"), NetdevHardware::default());
         assert_eq!(s.netdev_hardware("../../etc"), NetdevHardware::default());
         assert_eq!(device_info_pci(&NetdevHardware::default()), None);
-    }
-
-    #[test]
-    fn device_info_paths_must_be_absolute_without_parent_steps() {
-        assert!(validate_device_info_path("/var/run/k8s.cni.cncf.io/devinfo/x.json").is_ok());
-        assert!(validate_device_info_path("rel/x.json").is_err());
-        assert!(validate_device_info_path("/var/run/../../etc/passwd").is_err());
     }
 }

@@ -3,9 +3,6 @@
 
 use anyhow::{Context, Result, bail};
 use plexus_cni::NetConf;
-use plexus_ipam::config::StoreConfig;
-use plexus_ipam::store::etcd::EtcdStore;
-use plexus_ipam::store::file::FileStore;
 use plexus_ipam::{IpamConfig, Store};
 use serde_json::Value;
 
@@ -18,17 +15,15 @@ fn ipam_config(list: &plexus_cni::ConfList) -> Result<IpamConfig> {
             p.insert("name".into(), list.name.clone().into());
             p.insert("cniVersion".into(), list.cni_version.clone().into());
             let conf: NetConf = serde_json::from_value(Value::Object(p))?;
-            return IpamConfig::from_netconf(&conf).map_err(|e| anyhow::anyhow!("{e}"));
+            let policy = plexus_cni::Policy::load(|k| std::env::var(k).ok()).map_err(|e| anyhow::anyhow!("{e}"))?;
+            return IpamConfig::from_netconf(&conf, &policy).map_err(|e| anyhow::anyhow!("{e}"));
         }
     }
     bail!("network {:?} has no plexus-ipam section", list.name)
 }
 
 fn store(cfg: &IpamConfig) -> Result<Box<dyn Store>> {
-    Ok(match &cfg.store {
-        StoreConfig::File { data_dir } => Box::new(FileStore::open(data_dir, &cfg.domain)?),
-        StoreConfig::Etcd(e) => Box::new(EtcdStore::connect(e, &cfg.domain)?),
-    })
+    Ok(plexus_ipam::store::open(cfg)?)
 }
 
 pub fn list(list: &plexus_cni::ConfList, json: bool) -> Result<()> {

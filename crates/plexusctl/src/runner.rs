@@ -122,6 +122,7 @@ impl Invocation {
                 args,
                 path,
                 netns_override: false,
+                vars: Vec::new(),
             },
             caps,
             cache_dir: std::env::var_os("CNI_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| DEFAULT_CACHE_DIR.into()),

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use plexus_cni::files::SafeDir;
 use plexus_cni::{Error, Request};
 use plexus_net::link::{format_mac, parse_mac};
 use plexus_net::sysfs::Sysfs;
@@ -35,6 +36,7 @@ pub struct HostDeviceConf {
     pub route_table: Option<u32>,
     #[serde(default)]
     pub dad: bool,
+    /// Where state files go: admin-chosen, beneath the node policy's `dataRoots`.
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     /// `auto` (default: move the RDMA device when the subsystem is exclusive), `exclusive`
@@ -44,7 +46,7 @@ pub struct HostDeviceConf {
 }
 
 fn default_data_dir() -> PathBuf {
-    "/var/lib/cni/plexus-host-device".into()
+    plexus_cni::paths::HOST_DEVICE_DATA_DIR.into()
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -77,6 +79,11 @@ impl HostDeviceConf {
                 .map_err(|e| Error::invalid_config(format!("invalid \"device\" {name:?}: {}", e.msg)))?;
         }
         Ok(conf)
+    }
+
+    /// The state directory, opened beneath the policy's `dataRoots` without following symlinks.
+    pub fn data_dir(&self, req: &Request) -> Result<SafeDir, Error> {
+        req.policy.data_dir("dataDir", &self.data_dir)
     }
 
     /// The device ID from the runtime (capability `deviceID`) or Multus's top-level key.

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use conf::{HostDeviceConf, Selected};
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
+use plexus_cni::policy::Allowed;
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::check;
 use plexus_net::configure::{self, IfaceSetup};
@@ -54,6 +55,7 @@ impl Plugin for HostDevice {
             let pod_sock = LinkSocket::open(&pod)?;
             let link = match conf.select(req, &sysfs, &node_sock).await? {
                 Selected::Dpdk { pci, driver } => {
+                    allowed(req, &pci, Some(&pci), None)?;
                     // Used from user space: not moved; IPAM still runs, the result names the device.
                     tracing::info!(%pci, %driver, "DPDK device: not moved");
                     let mut result = IpamStep::start_early(&req.env, &req.config)?.result(&req.env, &req.config)?;
@@ -67,9 +69,12 @@ impl Plugin for HostDevice {
                 Selected::Netdev(link) => link,
             };
             let hw = sysfs.netdev_hardware(&link.name);
-            let mut host = HostState::capture(&node_sock, &link, hw.pci_address.clone()).await?;
+            allowed(req, &link.name, hw.pci_address.as_deref(), Some(&link.name))?;
+            let data_dir = conf.data_dir(req)?;
+            let tag = state::attachment_tag(&req.env.container_id, ifname);
+            let mut host = HostState::capture(&node_sock, &link, hw.pci_address.clone(), &tag).await?;
             host.netns = Some(pod.path().to_path_buf());
-            let state_path = state::path(&conf.data_dir, &req.env.container_id, ifname);
+            let state_path = state::path(&data_dir, &req.env.container_id, ifname);
             state::save(&state_path, &host)?;
             let mut ipam = IpamStep::start_early(&req.env, &req.config)?;
             let l2_only = matches!(ipam, IpamStep::None);
@@ -138,12 +143,15 @@ impl Plugin for HostDevice {
 
     fn del(&self, req: &Request) -> Result<(), Error> {
         let conf = HostDeviceConf::load(req)?;
+        // A state directory the policy refuses never held anything (ADD refused it too): the
+        // device is found by its marker alone, and DEL still succeeds.
+        let data_dir = conf.data_dir(req).inspect_err(|e| tracing::warn!("state directory refused: {e}")).ok();
         del_with_ipam(req, || {
             remove_device_info(req)?;
-            let state_path = state::path(&conf.data_dir, &req.env.container_id, &req.env.ifname);
-            let host = state::load(&state_path);
-            restore(req.netns(), &req.env.ifname, host.as_ref())?;
-            files::remove_if_present(&state_path)
+            let state_path = data_dir.as_ref().map(|d| state::path(d, &req.env.container_id, &req.env.ifname));
+            let host = state_path.as_deref().and_then(state::load);
+            restore(req.netns(), &req.env.container_id, &req.env.ifname, host.as_ref())?;
+            state_path.map_or(Ok(()), |p| files::remove_if_present(&p))
         })
     }
 
@@ -177,7 +185,8 @@ impl Plugin for HostDevice {
         let conf = HostDeviceConf::load(req)?;
         let valid = req.valid_attachments()?;
         let mut errors = Vec::new();
-        for entry in std::fs::read_dir(&conf.data_dir).into_iter().flatten().flatten() {
+        let data_dir = conf.data_dir(req)?;
+        for entry in std::fs::read_dir(data_dir.path()).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Some((cid, ifname)) = name.split_once('=') else { continue };
             if valid.iter().any(|v| v.container_id == cid && v.ifname == ifname) {
@@ -185,7 +194,7 @@ impl Plugin for HostDevice {
             }
             let host = state::load(&entry.path());
             let netns = host.as_ref().and_then(|h| h.netns.clone());
-            match restore(netns.as_deref(), ifname, host.as_ref()) {
+            match restore(netns.as_deref(), cid, ifname, host.as_ref()) {
                 Ok(()) => {
                     let _ = files::remove_if_present(&entry.path());
                 }
@@ -237,17 +246,34 @@ async fn attach(
     Ok(result)
 }
 
+/// The node policy's allow-lists for a device plexus-host-device hands to a pod: its netdev name
+/// (when it has one) and its PCI address.
+fn allowed(req: &Request, shown: &str, pci: Option<&str>, netdev: Option<&str>) -> Result<(), Error> {
+    let ns = req.pod_namespace();
+    if let Some(name) = netdev {
+        req.policy.check_allowed(Allowed::Device, "device", name, ns)?;
+    }
+    let key = format!("PCI address of {shown}");
+    req.policy.check_allowed(Allowed::PciAddress, &key, pci.unwrap_or("(none)"), ns)
+}
+
 /// Put a device back: from the pod namespace when it is reachable and the device is there, else
-/// wherever it is in the node namespace (returned by the kernel, or moved back by hand).
-fn restore(netns: Option<&std::path::Path>, ifname: &str, host: Option<&HostState>) -> Result<(), Error> {
+/// wherever it is in the node namespace (returned by the kernel, or moved back by hand). Only a
+/// device carrying this attachment's marker is touched.
+fn restore(
+    netns: Option<&std::path::Path>,
+    container_id: &str,
+    ifname: &str,
+    host: Option<&HostState>,
+) -> Result<(), Error> {
     let node = Netns::current()?;
-    let marker = host.map(|h| h.marker());
+    let mark = state::Mark::of(container_id, ifname, host);
     let pod = netns.and_then(|p| Netns::open(p).ok());
     configure::runtime()?.block_on(async {
         let node_sock = LinkSocket::current()?;
         if let Some(pod) = &pod
             && let Ok(pod_sock) = LinkSocket::open(pod)
-            && let Some(link) = state::find(&pod_sock, ifname, marker.as_deref(), true).await?
+            && let Some(link) = state::find(&pod_sock, ifname, &mark).await?
         {
             if let Some(r) = host.and_then(|h| h.rdma_moved.as_deref())
                 && let Err(e) = rdma::move_back(pod, &node, r)
@@ -256,7 +282,7 @@ fn restore(netns: Option<&std::path::Path>, ifname: &str, host: Option<&HostStat
             }
             return state::return_to_host(Some(&pod_sock), &node_sock, &node, &link, host).await;
         }
-        if let Some(link) = state::find(&node_sock, ifname, marker.as_deref(), false).await? {
+        if let Some(link) = state::find(&node_sock, ifname, &mark).await? {
             return state::return_to_host(None, &node_sock, &node, &link, host).await;
         }
         tracing::debug!(ifname, "device already gone or back: nothing to restore");

@@ -5,14 +5,56 @@
 use std::path::{Path, PathBuf};
 
 use ipnetwork::IpNetwork;
+use plexus_cni::files::SafeDir;
 use plexus_cni::{Error, files};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
-/// The alias a moved device carries: `plexus-host-device:<host name>`, so DEL can find and name it
-/// even without the state file (and after the pod renamed it, or the kernel returned it to the
-/// initial namespace under its pod name).
+/// The alias a moved device carries: `plexus-host-device:<host name>:<attachment tag>`, so DEL
+/// can find and name it even without the state file (and after the pod renamed it, or the kernel
+/// returned it to the initial namespace under its pod name) — and only the device of *that*
+/// attachment. Netdev names cannot contain `:`.
 pub const ALIAS_PREFIX: &str = "plexus-host-device:";
+
+/// The attachment (container ID, ifname) a marker names: 16 hex digits of a SHA-256.
+pub fn attachment_tag(container_id: &str, ifname: &str) -> String {
+    let digest = Sha256::digest(format!("{container_id}={ifname}").as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The host name a marker alias records.
+pub fn host_name_of(alias: &str) -> Option<&str> {
+    let rest = alias.strip_prefix(ALIAS_PREFIX)?;
+    Some(rest.split_once(':').map_or(rest, |(name, _)| name)).filter(|n| !n.is_empty())
+}
+
+/// Which moved device an attachment owns: the exact marker its state file recorded, or (no state
+/// file) any marker carrying its tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mark {
+    Exact(String),
+    Tag(String),
+}
+
+impl Mark {
+    pub fn of(container_id: &str, ifname: &str, state: Option<&HostState>) -> Mark {
+        match state {
+            Some(s) => Mark::Exact(s.marker()),
+            None => Mark::Tag(attachment_tag(container_id, ifname)),
+        }
+    }
+
+    fn matches(&self, alias: Option<&str>) -> bool {
+        match (self, alias) {
+            (Mark::Exact(m), Some(a)) => a == m,
+            (Mark::Tag(t), Some(a)) => {
+                a.strip_prefix(ALIAS_PREFIX).and_then(|r| r.split_once(':')).is_some_and(|(_, tag)| tag == t)
+            }
+            _ => false,
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostState {
@@ -27,10 +69,14 @@ pub struct HostState {
     pub rdma_moved: Option<String>,
     /// The pod namespace it went to (GC finds it there).
     pub netns: Option<PathBuf>,
+    /// The marker alias it carries (absent in state files written before markers named their
+    /// attachment: those devices carry `plexus-host-device:<name>`).
+    #[serde(default)]
+    pub marker: Option<String>,
 }
 
 impl HostState {
-    pub async fn capture(sock: &LinkSocket, link: &Link, pci: Option<String>) -> Result<HostState, Error> {
+    pub async fn capture(sock: &LinkSocket, link: &Link, pci: Option<String>, tag: &str) -> Result<HostState, Error> {
         let addresses = sock
             .addresses(link.index)
             .await?
@@ -49,15 +95,17 @@ impl HostState {
             pci,
             rdma_moved: None,
             netns: None,
+            marker: Some(format!("{ALIAS_PREFIX}{}:{tag}", link.name)),
         })
     }
 
     pub fn marker(&self) -> String {
-        format!("{ALIAS_PREFIX}{}", self.name)
+        self.marker.clone().unwrap_or_else(|| format!("{ALIAS_PREFIX}{}", self.name))
     }
 }
 
-pub fn path(data_dir: &Path, container_id: &str, ifname: &str) -> PathBuf {
+/// The state file of an attachment in the (policy-checked) data directory.
+pub fn path(data_dir: &SafeDir, container_id: &str, ifname: &str) -> PathBuf {
     data_dir.join(format!("{container_id}={ifname}"))
 }
 
@@ -70,27 +118,16 @@ pub fn load(path: &Path) -> Option<HostState> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-/// The moved device in the namespace of `sock`: a link carrying the marker alias (any plexus
-/// marker when the state file is gone) — by its given name first, else by scanning (the pod may
-/// have renamed it). In the pod namespace, a link named `ifname` without any marker is accepted
-/// too (`trust_name`): it is the attachment the runtime asks about.
-pub async fn find(
-    sock: &LinkSocket,
-    ifname: &str,
-    marker: Option<&str>,
-    trust_name: bool,
-) -> Result<Option<Link>, Error> {
-    let ours = |l: &Link| match (marker, l.alias.as_deref()) {
-        (Some(m), Some(a)) => a == m,
-        (None, Some(a)) => a.starts_with(ALIAS_PREFIX),
-        _ => false,
-    };
+/// The moved device in the namespace of `sock`: only a link carrying this attachment's marker —
+/// by its given name first, else by scanning (the pod may have renamed it). A link without the
+/// marker is never taken, whatever its name: it is not a device this attachment moved.
+pub async fn find(sock: &LinkSocket, ifname: &str, mark: &Mark) -> Result<Option<Link>, Error> {
     if let Some(l) = sock.link(ifname).await?
-        && (trust_name || ours(&l))
+        && mark.matches(l.alias.as_deref())
     {
         return Ok(Some(l));
     }
-    Ok(sock.links().await?.into_iter().find(|l| ours(l)))
+    Ok(sock.links().await?.into_iter().find(|l| mark.matches(l.alias.as_deref())))
 }
 
 /// Move the device back from the pod into the node namespace under its host name, then restore
@@ -105,7 +142,7 @@ pub async fn return_to_host(
 ) -> Result<(), Error> {
     let host_name = state
         .map(|s| s.name.clone())
-        .or_else(|| link.alias.as_deref().and_then(|a| a.strip_prefix(ALIAS_PREFIX)).map(String::from))
+        .or_else(|| link.alias.as_deref().and_then(host_name_of).map(String::from))
         .unwrap_or_else(|| link.name.clone());
     let index = match pod_sock {
         Some(pod) => {
@@ -157,4 +194,34 @@ pub async fn return_to_host(
     }
     tracing::debug!(device = %s.name, "host state restored");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_names_its_attachment_and_no_other() {
+        let tag = attachment_tag("c1", "net2");
+        assert_eq!(tag.len(), 16);
+        let alias = format!("{ALIAS_PREFIX}hd0:{tag}");
+        assert!(Mark::of("c1", "net2", None).matches(Some(&alias)));
+        assert!(!Mark::of("c1", "net3", None).matches(Some(&alias)), "same container, other attachment");
+        assert!(!Mark::of("c2", "net2", None).matches(Some(&alias)));
+        assert!(!Mark::of("c1", "net2", None).matches(Some("plexus-host-device:hd0")), "legacy needs its state");
+        assert!(!Mark::of("c1", "net2", None).matches(None));
+        assert_eq!(host_name_of(&alias), Some("hd0"));
+        assert_eq!(host_name_of("plexus-host-device:hd0"), Some("hd0"));
+    }
+
+    #[test]
+    fn state_written_before_markers_named_attachments_still_finds_its_device() {
+        let old: HostState = serde_json::from_str(
+            r#"{"name":"hd0","mtu":1500,"mac":null,"up":false,"alias":null,"addresses":[],"pci":null,
+                "rdma_moved":null,"netns":null}"#,
+        )
+        .unwrap();
+        assert_eq!(old.marker(), "plexus-host-device:hd0");
+        assert!(Mark::of("c1", "net2", Some(&old)).matches(Some("plexus-host-device:hd0")));
+    }
 }

@@ -9,22 +9,14 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 
 use plexus_cni::{About, CniResult, Error, IpConfig, Plugin, Request, code};
-use plexus_ipam::config::StoreConfig;
-use plexus_ipam::store::file::FileStore;
-use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner, Store};
+use plexus_ipam::store::open as open_store;
+use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
 use serde_json::Value;
 
 struct Ipam;
 
 fn main() -> ExitCode {
     plexus_cni::plugin::run(About { name: "plexus-ipam", version: env!("CARGO_PKG_VERSION") }, &Ipam)
-}
-
-fn open_store(cfg: &IpamConfig) -> Result<Box<dyn Store>, IpamError> {
-    match &cfg.store {
-        StoreConfig::File { data_dir } => Ok(Box::new(FileStore::open(data_dir, &cfg.domain)?)),
-        StoreConfig::Etcd(etcd) => Ok(Box::new(plexus_ipam::store::etcd::EtcdStore::connect(etcd, &cfg.domain)?)),
-    }
 }
 
 fn owner(req: &Request, cfg: &IpamConfig) -> Owner {
@@ -88,7 +80,7 @@ fn per_range(ranges: &[IpRange], requested: &[IpAddr]) -> Result<Vec<Option<IpAd
 
 impl Plugin for Ipam {
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
-        let cfg = IpamConfig::from_netconf(&req.config)?;
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let wanted = per_range(&cfg.ranges, &requested(req)?)?;
         let store = open_store(&cfg)?;
         let ips = store.allocate(&AllocRequest {
@@ -111,14 +103,21 @@ impl Plugin for Ipam {
     }
 
     fn del(&self, req: &Request) -> Result<(), Error> {
-        let cfg = IpamConfig::from_netconf(&req.config)?;
+        let cfg = match IpamConfig::from_netconf(&req.config, &req.policy) {
+            // ADD refused this store too: nothing is held there, so DEL has nothing to do.
+            Err(IpamError::Refused(why)) => {
+                tracing::warn!("nothing released: {why}");
+                return Ok(());
+            }
+            other => other?,
+        };
         let released = open_store(&cfg)?.release(&req.env.container_id, &req.env.ifname)?;
         tracing::debug!(?released, "released");
         Ok(())
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {
-        let cfg = IpamConfig::from_netconf(&req.config)?;
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let prev = req.config.prev_result()?.ok_or_else(|| {
             Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult")
         })?;
@@ -138,7 +137,7 @@ impl Plugin for Ipam {
     }
 
     fn status(&self, req: &Request) -> Result<(), Error> {
-        let cfg = IpamConfig::from_netconf(&req.config)?;
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let unavailable = |e: IpamError| Error::new(code::PLUGIN_NOT_AVAILABLE, e.to_string());
         let all = open_store(&cfg).and_then(|s| s.list()).map_err(unavailable)?;
         for range in &cfg.ranges {
@@ -153,7 +152,7 @@ impl Plugin for Ipam {
     }
 
     fn gc(&self, req: &Request) -> Result<(), Error> {
-        let cfg = IpamConfig::from_netconf(&req.config)?;
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let valid = req.valid_attachments()?;
         let store = open_store(&cfg)?;
         let mut failures = Vec::new();

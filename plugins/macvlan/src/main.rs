@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use conf::MacvlanConf;
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
+use plexus_cni::policy::Allowed;
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code};
 use plexus_net::check::{self, failed};
 use plexus_net::configure::{self, IfaceSetup};
@@ -50,6 +51,10 @@ impl Plugin for Macvlan {
                 let master = find_master(&node, &conf).await?;
                 (opening.finish()?, master)
             };
+            if !conf.link_in_container {
+                // The pod's own links are its own; a node parent is the admin's to allow.
+                req.policy.check_allowed(Allowed::Parent, "master", &master.name, req.pod_namespace())?;
+            }
             let master_sock = if conf.link_in_container { &pod_sock } else { &node };
             let mtu = conf.mtu(&master.name, master.mtu)?;
             let spec = NewMacvlan {

@@ -3,7 +3,7 @@
 //! from capabilities, prevResult along the chain on ADD, the cached result on CHECK and DEL, DEL
 //! in reverse).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use plexus_cni::runtime;
 use plexus_cni::{CniEnv, CniResult, Command, ConfList, Error};
@@ -36,12 +36,60 @@ pub struct Attachment {
     pub device_id: Option<String>,
 }
 
+/// What a delegate config may not carry through plexus (a NAD is tenant-written): its own
+/// `runtimeConfig` (only the runtime's capability arguments fill it) and log settings (the
+/// admin's, which plexus hands its delegates in their environment) — also whereabouts'
+/// `ipam.log_file`/`log_level`, which root would otherwise append to.
+fn drop_tenant_keys(plugin: &mut Map<String, Value>) {
+    for key in ["runtimeConfig", "logFile", "logLevel", "logToStderr"] {
+        plugin.remove(key);
+    }
+    if let Some(ipam) = plugin.get_mut("ipam").and_then(Value::as_object_mut) {
+        ipam.remove("log_file");
+        ipam.remove("log_level");
+    }
+}
+
+/// Whether two paths are the same file (this binary under another name or link).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
+    }
+}
+
 impl Attachment {
-    /// The conf as a list (a single conf is a list of one).
+    /// The conf as a list (a single conf is a list of one), without the keys a delegate config
+    /// may not carry.
     fn list(&self) -> Result<ConfList, Error> {
         let bytes = serde_json::to_vec(&self.conf).expect("json");
-        if plexus_k8s::nad::is_conflist(&self.conf) { ConfList::parse(&bytes) } else { ConfList::from_single(&bytes) }
-            .map_err(|e| e.context(format!("network {}", self.network)))
+        let mut list = if plexus_k8s::nad::is_conflist(&self.conf) {
+            ConfList::parse(&bytes)
+        } else {
+            ConfList::from_single(&bytes)
+        }
+        .map_err(|e| e.context(format!("network {}", self.network)))?;
+        list.plugins.iter_mut().for_each(drop_tenant_keys);
+        Ok(list)
+    }
+
+    /// Refuse a network whose plugins include a meta-plugin — by type, or because the type
+    /// resolves in `cni_path` to this very binary — before anything runs (code 7).
+    pub fn refuse_meta_plugin(&self, cni_path: &[PathBuf]) -> Result<(), Error> {
+        let me = Path::new("/proc/self/exe");
+        for plugin in self.list()?.plugins {
+            let t = plugin.get("type").and_then(Value::as_str).unwrap_or_default();
+            let is_me = || plexus_cni::delegate::find_plugin(t, cni_path).is_ok_and(|p| same_file(&p, me));
+            if crate::conf::META_PLUGIN_TYPES.contains(&t) || is_me() {
+                return Err(Error::invalid_config(format!(
+                    "network {}: plugin type {t:?} is a meta-plugin: a network may not run one",
+                    self.network
+                ))
+                .with_details("it would run its own delegates with settings the network chose"));
+            }
+        }
+        Ok(())
     }
 
     fn env(&self, base: &CniEnv) -> CniEnv {

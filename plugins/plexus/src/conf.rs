@@ -1,5 +1,11 @@
 //! The meta-plugin's configuration: Multus's thin-plugin keys with their meaning and defaults,
 //! plus plexus's `nadDir`, `networks`, `apiTimeout` and `kubeletCheckpoint`.
+//!
+//! Who may set these: the admin, who writes the meta config in the CNI conf dir. Its path keys
+//! (`binDir`, `kubeconfig`, `cniDir`, `nadDir`, `confDir`, `readinessindicatorfile`,
+//! `kubeletCheckpoint`, `logFile`) say where root executes, connects, writes and reads, so a
+//! plexus that finds itself run as a delegate of plexus — with a config a NAD chose — refuses
+//! before it reads any of them.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -56,10 +62,22 @@ fn default_conf_dir() -> PathBuf {
     "/etc/cni/multus/net.d".into()
 }
 fn default_cni_dir() -> PathBuf {
-    "/var/lib/cni/plexus".into()
+    plexus_cni::paths::META_CACHE_DIR.into()
 }
 fn default_bin_dir() -> PathBuf {
-    "/opt/cni/bin".into()
+    plexus_cni::paths::CNI_BIN_DIR.into()
+}
+
+/// Set in every delegate's environment: a plexus that sees it is running as a delegate of plexus.
+pub const DELEGATE_MARK_ENV: &str = "PLEXUS_META_DELEGATE";
+
+/// Plugin types that are meta-plugins: a delegate network may not be one (it would run its own
+/// delegates with a config a tenant wrote: `binDir`, `kubeconfig`, `delegates`).
+pub const META_PLUGIN_TYPES: [&str; 3] = ["plexus", "multus", "multus-shim"];
+
+/// Whether this plexus runs as a delegate of plexus.
+pub fn running_as_delegate() -> bool {
+    std::env::var_os(DELEGATE_MARK_ENV).is_some_and(|v| !v.is_empty())
 }
 fn default_system_namespaces() -> Vec<String> {
     vec!["kube-system".into()]
@@ -75,6 +93,13 @@ pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl MetaConf {
     pub fn load(req: &Request) -> Result<MetaConf, Error> {
+        if running_as_delegate() {
+            return Err(Error::invalid_config(format!(
+                "network {:?}: plexus runs as a delegate of plexus, with a config a network attachment chose: refused",
+                req.config.name
+            ))
+            .with_details("a network's \"type\" may not be the meta-plugin"));
+        }
         let conf: MetaConf = req.config_as()?;
         if conf.cluster_network.as_deref().is_some_and(|c| !c.is_empty()) && !conf.delegates.is_empty() {
             return Err(Error::invalid_config("\"clusterNetwork\" and \"delegates\" are mutually exclusive"));

@@ -18,7 +18,8 @@ use std::process::ExitCode;
 use attachment::Attachment;
 use conf::MetaConf;
 use plan::{Pod, SelectionSource};
-use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Request, code, files};
+use plexus_cni::logging::{self, LogTarget};
+use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Policy, Request, code, files};
 use plexus_k8s::api::ApiClient;
 use plexus_k8s::nad::{DirSource, NadSource};
 use plexus_k8s::{K8sError, Nad, status};
@@ -81,10 +82,18 @@ impl Cluster {
     }
 }
 
-/// The environment every delegate runs with: `binDir` ahead of `CNI_PATH`, and `CNI_ARGS` with
-/// `IgnoreUnknown` and the pod's identity (what Multus passes).
+/// The environment every delegate runs with: `binDir` ahead of `CNI_PATH`, `CNI_ARGS` with
+/// `IgnoreUnknown` and the pod's identity (what Multus passes), plexus's mark, and this
+/// invocation's log destination (the admin's: delegates take theirs from here, never from their
+/// own config).
 fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
     let mut env = req.env.clone();
+    env.vars.push((conf::DELEGATE_MARK_ENV.into(), "1".into()));
+    let log = LogTarget::choose(&req.config, true, |k| std::env::var(k).ok(), &req.policy);
+    if let Some(file) = &log.file {
+        env.vars.push((logging::LOG_FILE_ENV.into(), file.display().to_string()));
+        env.vars.push((logging::LOG_LEVEL_ENV.into(), log.level.clone().unwrap_or_default()));
+    }
     let mut path = vec![conf.bin_dir.clone()];
     path.extend(req.env.path.iter().filter(|p| **p != conf.bin_dir).cloned());
     env.path = path;
@@ -98,8 +107,34 @@ fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
     env
 }
 
-fn attachments_for(req: &Request, conf: &MetaConf, pod: &Pod, cluster: &Cluster) -> Result<Vec<Attachment>, Error> {
-    plan::plan(req, conf, pod, cluster, cluster.selection(conf, pod)?)
+/// The pod's attachments; a network that would run a meta-plugin is refused before any runs.
+fn attachments_for(
+    req: &Request,
+    conf: &MetaConf,
+    pod: &Pod,
+    cluster: &Cluster,
+    base: &CniEnv,
+) -> Result<Vec<Attachment>, Error> {
+    let attachments = plan::plan(req, conf, pod, cluster, cluster.selection(conf, pod)?)?;
+    for a in &attachments {
+        a.refuse_meta_plugin(&base.path)?;
+    }
+    Ok(attachments)
+}
+
+/// Attachments a cache recorded, less any that would run a meta-plugin (a cache written before
+/// plexus refused them): those are logged and left alone, never run.
+fn runnable(attachments: Vec<Attachment>, base: &CniEnv) -> Vec<Attachment> {
+    attachments
+        .into_iter()
+        .filter(|a| match a.refuse_meta_plugin(&base.path) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!("not run: {e}");
+                false
+            }
+        })
+        .collect()
 }
 
 /// network-status for the pod (API only): one element per attachment, device-info included.
@@ -131,14 +166,15 @@ fn copy_device_info(a: &Attachment) -> Result<(), Error> {
     Ok(())
 }
 
-/// DEL every attachment in reverse, keeping going past failures; device-info files go too.
-fn delete_all(attachments: &[Attachment], base: &CniEnv) -> Vec<String> {
+/// DEL every attachment in reverse, keeping going past failures; device-info files go too (only
+/// in the policy's device-info directory).
+fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy) -> Vec<String> {
     let mut errors = Vec::new();
     for a in attachments.iter().rev() {
         if let Err(e) = a.del(base) {
             errors.push(format!("network {} ({}): {e}", a.network, a.ifname));
         }
-        if let Some(f) = &a.device_info_file {
+        if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
             let _ = files::remove_if_present(f);
         }
     }
@@ -146,6 +182,12 @@ fn delete_all(attachments: &[Attachment], base: &CniEnv) -> Vec<String> {
 }
 
 impl Plugin for Meta {
+    /// The meta config is the admin's (the CNI conf dir), unless plexus runs as a delegate of
+    /// plexus — then it is a network's, and refused.
+    fn admin_config(&self, _req: &Request) -> bool {
+        !conf::running_as_delegate()
+    }
+
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let conf = MetaConf::load(req)?;
         conf.wait_ready()?;
@@ -157,7 +199,7 @@ impl Plugin for Meta {
             container_id: req.env.container_id.clone(),
             netns: req.env.netns.clone(),
             pod_ref: pod.reference(),
-            attachments: attachments_for(req, &conf, &pod, &cluster)?,
+            attachments: attachments_for(req, &conf, &pod, &cluster, &base)?,
         };
         if state.attachments.is_empty() {
             return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
@@ -181,7 +223,7 @@ impl Plugin for Meta {
                 }
                 Err(e) => {
                     let failed = format!("network {} ({})", a.network, a.ifname);
-                    let rollback = delete_all(&state.attachments[..=i], &base);
+                    let rollback = delete_all(&state.attachments[..=i], &base, &req.policy);
                     if !rollback.is_empty() {
                         tracing::error!("rollback after {failed} failed: {}", rollback.join("; "));
                     }
@@ -191,7 +233,7 @@ impl Plugin for Meta {
             }
         }
         if let Err(e) = write_status(&cluster, &pod, &state.attachments, &results) {
-            let rollback = delete_all(&state.attachments, &base);
+            let rollback = delete_all(&state.attachments, &base, &req.policy);
             if !rollback.is_empty() {
                 tracing::error!("rollback after the network-status update failed: {}", rollback.join("; "));
             }
@@ -211,13 +253,13 @@ impl Plugin for Meta {
         let base = delegate_env(req, &conf, &pod);
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
         let attachments = match cache::load(&cache_path) {
-            Ok(Some(c)) => c.attachments,
+            Ok(Some(c)) => runnable(c.attachments, &base),
             other => {
                 if let Err(why) = other {
                     // A cache that does not parse must not make DEL a no-op (Multus #1087).
                     tracing::error!("delegate cache unreadable, rebuilding the attachments: {why}");
                 }
-                match cluster(&conf).and_then(|c| attachments_for(req, &conf, &pod, &c)) {
+                match cluster(&conf).and_then(|c| attachments_for(req, &conf, &pod, &c, &base)) {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::error!("cannot rebuild the attachments, nothing deleted: {e}");
@@ -227,7 +269,7 @@ impl Plugin for Meta {
                 }
             }
         };
-        let errors = delete_all(&attachments, &base);
+        let errors = delete_all(&attachments, &base, &req.policy);
         if errors.is_empty() || !conf.retry_delete_on_error {
             files::remove_if_present(&cache_path)?;
         }
@@ -253,7 +295,7 @@ impl Plugin for Meta {
                 )
             })?;
         // Every attachment, not only the cluster network (Multus checks only static delegates).
-        for a in &state.attachments {
+        for a in &runnable(state.attachments, &base) {
             a.check(&base)?;
         }
         Ok(())
@@ -263,7 +305,7 @@ impl Plugin for Meta {
         let conf = MetaConf::load(req)?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
-        for a in attachments_for(req, &conf, &pod, &cluster(&conf)?)? {
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf)?, &base)? {
             a.status_or_gc(&base, Command::Status, None)?;
         }
         Ok(())
@@ -285,11 +327,11 @@ impl Plugin for Meta {
             let mut env = base.clone();
             env.container_id = c.container_id.clone();
             env.netns = c.netns.clone();
-            errors.extend(delete_all(&c.attachments, &env));
+            errors.extend(delete_all(&runnable(c.attachments, &env), &env, &req.policy));
             let _ = files::remove_if_present(&path);
         }
         // Then GC on every delegate network, with the attachments still valid for it.
-        for a in attachments_for(req, &conf, &pod, &cluster(&conf)?)? {
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf)?, &base)? {
             let still: Vec<Value> = kept
                 .iter()
                 .flat_map(|c| {

@@ -12,14 +12,12 @@ use serde_json::{Map, Value};
 use crate::attachment::{Attachment, merge_cni_args};
 use crate::conf::MetaConf;
 
-/// Where per-attachment device-info files go (device-info spec §4).
-pub const DEVINFO_CNI_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/cni";
-/// Where device plugins leave theirs (device-info spec §5).
-pub const DEVINFO_DP_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dp";
-
-/// The device plugin's device-info file of `device` of `resource`, if it wrote one.
+/// The device plugin's device-info file of `device` of `resource` (device-info spec §5), if it
+/// wrote one; the name is one path component (the resource name is a NAD's, the device the
+/// kubelet's).
 pub fn device_plugin_info(resource: &str, device: &str) -> PathBuf {
-    PathBuf::from(DEVINFO_DP_DIR).join(format!("{}-{device}-device.json", resource.replace('/', "-")))
+    let name = format!("{}-{}-device.json", resource.replace('/', "-"), device.replace('/', "-"));
+    PathBuf::from(plexus_cni::paths::DEVICE_INFO_DP_DIR).join(name)
 }
 
 /// The pod, as the runtime names it in `CNI_ARGS`.
@@ -123,6 +121,23 @@ fn selection_caps(sel: &NetworkSelection) -> Map<String, Value> {
     caps
 }
 
+/// The `n`-th device the kubelet allocated to the pod for `resource` (sorted): the NAD
+/// `ns/name` asks for one, so none is an error.
+fn kubelet_device(conf: &MetaConf, pod: &Pod, ns: &str, name: &str, resource: &str, n: usize) -> Result<String, Error> {
+    let refused = |why: String| {
+        Error::invalid_config(format!("network-attachment-definition {ns}/{name} needs a device of {resource}: {why}"))
+            .with_details("request the resource in the pod's containers; a deviceID in the annotation is not enough")
+    };
+    if pod.uid.is_empty() {
+        return Err(refused("the runtime named no pod UID (K8S_POD_UID) to look the kubelet's allocation up".into()));
+    }
+    let cp = conf.kubelet_checkpoint.clone().unwrap_or_else(|| checkpoint::DEFAULT_CHECKPOINT.into());
+    let ids = checkpoint::device_ids(&cp, &pod.uid, resource)?;
+    ids.get(n)
+        .cloned()
+        .ok_or_else(|| refused(format!("the kubelet allocated {} to pod {} ({})", ids.len(), pod.uid, cp.display())))
+}
+
 /// Every attachment of this pod, in order, with interface names `net1`, `net2`, ... for the
 /// secondaries (an explicit `interface` does not renumber the rest: `a@foo,b` gives foo, net2).
 pub fn plan(
@@ -161,7 +176,25 @@ pub fn plan(
             device_id: None,
         });
     };
-    if let Some(cn) = conf.cluster_network.as_deref().filter(|c| !c.is_empty()) {
+    let selections = match selection {
+        SelectionSource::Annotation(a) => parse_selections(a.as_deref().unwrap_or_default())?,
+        SelectionSource::Config(c) => parse_selections(c.unwrap_or_default())?,
+    };
+    let cluster_network = conf.cluster_network.as_deref().filter(|c| !c.is_empty());
+    let default_networks: &[String] =
+        if conf.system_namespaces.contains(&pod.namespace) { &[] } else { &conf.default_networks };
+    // Refused before any NAD is read or any delegate runs.
+    let asked =
+        usize::from(cluster_network.is_some()) + conf.delegates.len() + default_networks.len() + selections.len();
+    if asked > req.policy.max_attachments {
+        return Err(Error::invalid_config(format!(
+            "pod {}: {asked} attachments asked for, the node policy allows at most {}",
+            pod.reference().unwrap_or_else(|| "(standalone)".into()),
+            req.policy.max_attachments
+        ))
+        .with_details(format!("maxAttachments (policy: {})", req.policy.source)));
+    }
+    if let Some(cn) = cluster_network {
         let (name, v) = resolve_network(cn, conf, nads)?;
         push(&mut out, name, v, true, Map::new(), None);
     }
@@ -169,16 +202,10 @@ pub fn plan(
         let name = d.get("name").and_then(Value::as_str).unwrap_or("delegate").to_string();
         push(&mut out, name, d.clone(), i == 0, Map::new(), None);
     }
-    if !conf.system_namespaces.contains(&pod.namespace) {
-        for dn in &conf.default_networks {
-            let (name, v) = resolve_network(dn, conf, nads)?;
-            push(&mut out, name, v, false, Map::new(), None);
-        }
+    for dn in default_networks {
+        let (name, v) = resolve_network(dn, conf, nads)?;
+        push(&mut out, name, v, false, Map::new(), None);
     }
-    let selections = match selection {
-        SelectionSource::Annotation(a) => parse_selections(a.as_deref().unwrap_or_default())?,
-        SelectionSource::Config(c) => parse_selections(c.unwrap_or_default())?,
-    };
     let mut device_cursor: std::collections::BTreeMap<String, usize> = Default::default();
     let globals = conf.global_namespaces();
     for sel in selections {
@@ -196,27 +223,27 @@ pub fn plan(
             merge_cni_args(&mut v, args);
         }
         let mut caps = selection_caps(&sel);
-        // The kubelet-allocated device wins over a deviceID in the annotation (Multus).
+        // A `resourceName` NAD takes only a device the kubelet allocated to this pod, injected
+        // into every plugin of the chain (Multus). A `deviceID` from the annotation is the
+        // tenant's word: it reaches only plugins that declare the `deviceID` capability.
         let device = match &nad.resource_name {
-            Some(resource) if !pod.uid.is_empty() => {
-                let cp = conf.kubelet_checkpoint.clone().unwrap_or_else(|| checkpoint::DEFAULT_CHECKPOINT.into());
-                let ids = checkpoint::device_ids(&cp, &pod.uid, resource)?;
+            Some(resource) => {
                 let n = device_cursor.entry(resource.clone()).or_default();
-                let id = ids.get(*n).cloned();
+                let id = kubelet_device(conf, pod, &ns, &sel.name, resource, *n)?;
                 *n += 1;
-                id.or_else(|| sel.device_id.clone())
+                nad::inject_device_id(&mut v, &id);
+                Some(id)
             }
-            _ => sel.device_id.clone(),
+            None => sel.device_id.clone(),
         };
         if let Some(id) = &device {
-            nad::inject_device_id(&mut v, id);
             caps.insert("deviceID".into(), id.clone().into());
         }
         let network = format!("{ns}/{}", sel.name);
         push(&mut out, network, v, false, caps, sel.interface.clone());
         if device.is_some() {
             let a = out.last_mut().expect("just pushed");
-            let file = PathBuf::from(DEVINFO_CNI_DIR).join(format!(
+            let file = req.policy.device_info_dir.join(format!(
                 "{}-{}_{}",
                 a.network.replace('/', "-"),
                 req.env.container_id,

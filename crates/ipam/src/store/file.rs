@@ -6,8 +6,13 @@
 //! <dataDir>/<domain>/attachments/<cid>=<ifname>   the attachment's record: what it holds
 //! <dataDir>/<domain>/pods/<ns>=<pod>=<ifname>     the record key of a pod's interface
 //! <dataDir>/<domain>/cursors/<range>       next-fit cursor (a hint)
-//! <dataDir>/<domain>/tmp/                  temp files; emptied under the lock
+//! <dataDir>/<domain>/tmp/                  temp files; their leftovers swept under the lock
 //! ```
+//!
+//! `dataDir` is opened beneath its allowed root without following symlinks, and so is every
+//! directory above; each is then used through its open descriptor. Temp files are created
+//! `O_EXCL|O_NOFOLLOW`, the sweep removes only plexus's own temp names, and every file is
+//! replaced by rename: nothing is ever written, read or removed through a planted symlink.
 //!
 //! ADD writes the record first (atomic rename), then links the address files into place, all
 //! under the lock: a `kill -9` at any point leaves no address held without a record (no leak),
@@ -21,7 +26,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use plexus_cni::files;
+use plexus_cni::files::{self, SafeDir};
 
 use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store};
 use crate::error::IpamError;
@@ -29,11 +34,12 @@ use crate::range::IpRange;
 
 #[derive(Debug)]
 pub struct FileStore {
-    dir: PathBuf,
-}
-
-fn store_err(what: &str, path: &Path, e: std::io::Error) -> IpamError {
-    IpamError::Store(format!("{what} {}: {e}", path.display()))
+    dir: SafeDir,
+    ips: SafeDir,
+    attachments: SafeDir,
+    pods: SafeDir,
+    cursors: SafeDir,
+    tmp: SafeDir,
 }
 
 fn file_safe(s: &str) -> String {
@@ -47,23 +53,42 @@ fn component_ok(s: &str) -> bool {
 }
 
 impl FileStore {
-    /// The store of `domain` under `data_dir` (created 0700 where missing).
-    pub fn open(data_dir: &Path, domain: &str) -> Result<FileStore, IpamError> {
+    /// The store of `domain` in `data_dir`, which lies beneath `root` (the policy's data root):
+    /// opened without following symlinks, created 0700 where missing.
+    pub fn open(data_dir: &Path, root: &Path, domain: &str) -> Result<FileStore, IpamError> {
         if !component_ok(domain) {
             return Err(IpamError::Config(format!("invalid allocation domain {domain:?}")));
         }
-        let dir = data_dir.join(domain);
-        for sub in ["ips", "attachments", "pods", "cursors", "tmp"] {
-            files::ensure_private_dir(&dir.join(sub)).map_err(|e| IpamError::Store(e.msg))?;
-        }
-        Ok(FileStore { dir })
+        let opened = |e: std::io::Error| IpamError::Store(format!("open store: {e}"));
+        let dir = SafeDir::open_beneath(root, data_dir, true).and_then(|d| d.subdir(domain, true)).map_err(opened)?;
+        let sub = |name: &str| dir.subdir(name, true).map_err(opened);
+        let (ips, attachments, pods, cursors, tmp) =
+            (sub("ips")?, sub("attachments")?, sub("pods")?, sub("cursors")?, sub("tmp")?);
+        Ok(FileStore { dir, ips, attachments, pods, cursors, tmp })
     }
 
+    /// The store's directory, as configured.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.shown()
     }
 
-    /// Take the domain lock; leftovers of killed processes in tmp/ are removed.
+    /// A path made through one of the store's directories, as the config named it.
+    fn err_path(&self, path: &Path) -> String {
+        [&self.ips, &self.attachments, &self.pods, &self.cursors, &self.tmp, &self.dir]
+            .iter()
+            .map(|d| d.show(path))
+            .find(|p| p != path)
+            .unwrap_or_else(|| path.to_path_buf())
+            .display()
+            .to_string()
+    }
+
+    fn err(&self, what: &str, path: &Path, e: std::io::Error) -> IpamError {
+        IpamError::Store(format!("{what} {}: {e}", self.err_path(path)))
+    }
+
+    /// Take the domain lock; leftovers of killed processes in tmp/ (plexus's own temp names
+    /// only) are removed.
     fn lock(&self) -> Result<File, IpamError> {
         let path = self.dir.join("lock");
         let f = OpenOptions::new()
@@ -71,25 +96,27 @@ impl FileStore {
             .truncate(false)
             .write(true)
             .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
             .open(&path)
-            .map_err(|e| store_err("open", &path, e))?;
-        f.lock().map_err(|e| store_err("lock", &path, e))?;
-        if let Ok(entries) = fs::read_dir(self.dir.join("tmp")) {
+            .map_err(|e| self.err("open", &path, e))?;
+        f.lock().map_err(|e| self.err("lock", &path, e))?;
+        if let Ok(entries) = fs::read_dir(self.tmp.path()) {
             for e in entries.flatten() {
-                let _ = fs::remove_file(e.path());
+                if files::is_temp_name(&e.file_name().to_string_lossy()) {
+                    let _ = fs::remove_file(e.path());
+                }
             }
         }
         Ok(f)
     }
 
     fn record_path(&self, container_id: &str, ifname: &str) -> PathBuf {
-        self.dir.join("attachments").join(format!("{container_id}={ifname}"))
+        self.attachments.join(format!("{container_id}={ifname}"))
     }
 
     fn pod_path(&self, owner: &Owner) -> Option<PathBuf> {
         let (ns, name) = owner.pod_ref.as_deref()?.split_once('/')?;
-        (component_ok(ns) && component_ok(name))
-            .then(|| self.dir.join("pods").join(format!("{ns}={name}={}", owner.ifname)))
+        (component_ok(ns) && component_ok(name)).then(|| self.pods.join(format!("{ns}={name}={}", owner.ifname)))
     }
 
     fn ip_key(ip: IpAddr, range: &str, overlapping: bool) -> String {
@@ -97,16 +124,16 @@ impl FileStore {
     }
 
     fn ip_path(&self, key: &str) -> PathBuf {
-        self.dir.join("ips").join(key)
+        self.ips.join(key)
     }
 
     fn read_record(&self, path: &Path) -> Result<Option<Record>, IpamError> {
         match fs::read(path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
-                .map_err(|e| IpamError::Store(format!("corrupt record {}: {e}", path.display()))),
+                .map_err(|e| IpamError::Store(format!("corrupt record {}: {e}", self.err_path(path)))),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(store_err("read", path, e)),
+            Err(e) => Err(self.err("read", path, e)),
         }
     }
 
@@ -117,27 +144,28 @@ impl FileStore {
     /// Atomic 0600 replace (temp file in tmp/, swept under the lock; rename). No fsync here: the
     /// lock is held, and [`FileStore::persist`] makes the change durable after it is released.
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), IpamError> {
-        files::replace_private_via(&self.dir.join("tmp"), path, bytes).map_err(|e| IpamError::Store(e.msg))
+        files::replace_private_via(&self.tmp.path(), path, bytes)
+            .map_err(|e| IpamError::Store(e.msg.replace(&path.display().to_string(), &self.err_path(path))))
     }
 
     /// Make the files of an operation (and the directories naming them) durable. Runs after the
     /// lock is released, so concurrent operations overlap their flushes; the plugin reports the
     /// result only after this returns. A `kill -9` needs none of it (renames and links are
     /// atomic); a power loss does.
-    fn persist(&self, paths: &[PathBuf]) -> Result<(), IpamError> {
-        let mut dirs: Vec<&Path> = Vec::new();
+    fn persist(&self, paths: &[PathBuf], dirs: &[&SafeDir]) -> Result<(), IpamError> {
+        let mut parents: Vec<PathBuf> = dirs.iter().map(|d| d.path()).collect();
         for p in paths {
             if let Ok(f) = File::open(p) {
-                f.sync_data().map_err(|e| store_err("sync", p, e))?;
+                f.sync_data().map_err(|e| self.err("sync", p, e))?;
             }
             if let Some(d) = p.parent()
-                && !dirs.contains(&d)
+                && !parents.iter().any(|known| known == d)
             {
-                dirs.push(d);
+                parents.push(d.to_path_buf());
             }
         }
-        for d in dirs {
-            File::open(d).and_then(|f| f.sync_all()).map_err(|e| store_err("sync", d, e))?;
+        for d in &parents {
+            File::open(d).and_then(|f| f.sync_all()).map_err(|e| self.err("sync", d, e))?;
         }
         Ok(())
     }
@@ -149,9 +177,9 @@ impl FileStore {
 
     /// Reserve address file `key` for `holder`: false when it is taken.
     fn reserve(&self, key: &str, holder: &str) -> Result<bool, IpamError> {
-        let tmp = self.dir.join("tmp").join(format!("{key}.{}", std::process::id()));
-        let mut f = files::create_private(&tmp).map_err(|e| store_err("create", &tmp, e))?;
-        f.write_all(holder.as_bytes()).map_err(|e| store_err("write", &tmp, e))?;
+        let tmp = self.tmp.join(files::temp_name(key));
+        let mut f = files::create_private(&tmp).map_err(|e| self.err("create", &tmp, e))?;
+        f.write_all(holder.as_bytes()).map_err(|e| self.err("write", &tmp, e))?;
         drop(f);
         let target = self.ip_path(key);
         let linked = fs::hard_link(&tmp, &target);
@@ -159,19 +187,19 @@ impl FileStore {
         match linked {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(store_err("reserve", &target, e)),
+            Err(e) => Err(self.err("reserve", &target, e)),
         }
     }
 
     fn cursor(&self, range: &IpRange) -> Option<u128> {
-        fs::read_to_string(self.dir.join("cursors").join(file_safe(&range.key()))).ok()?.trim().parse().ok()
+        fs::read_to_string(self.cursors.join(file_safe(&range.key()))).ok()?.trim().parse().ok()
     }
 
     fn set_cursor(&self, range: &IpRange, offset: u128) {
-        let path = self.dir.join("cursors").join(file_safe(&range.key()));
-        // A hint: written in place, never synced; a torn or lost cursor only moves next-fit back
-        // to the start of the range.
-        let _ = fs::write(path, offset.to_string());
+        let path = self.cursors.join(file_safe(&range.key()));
+        // A hint: replaced by rename (never written through whatever sits at its name), never
+        // synced; a lost cursor only moves next-fit back to the start of the range.
+        let _ = files::replace_private_via(&self.tmp.path(), &path, offset.to_string().as_bytes());
     }
 
     /// Pick an address for `range` that is not held: the requested one, or next-fit.
@@ -208,7 +236,7 @@ impl FileStore {
             for key in [held.ip.to_string(), format!("{}={}", file_safe(&held.range), held.ip)] {
                 if self.holder(&key).as_deref() == Some(me.as_str()) {
                     let p = self.ip_path(&key);
-                    fs::remove_file(&p).or_else(not_found_ok).map_err(|e| store_err("release", &p, e))?;
+                    fs::remove_file(&p).or_else(not_found_ok).map_err(|e| self.err("release", &p, e))?;
                 }
             }
             released.push(Allocation { ip: held.ip, range: held.range.clone(), owner: record.owner.clone() });
@@ -218,7 +246,7 @@ impl FileStore {
         {
             let _ = fs::remove_file(pod);
         }
-        fs::remove_file(&path).or_else(not_found_ok).map_err(|e| store_err("remove", &path, e))?;
+        fs::remove_file(&path).or_else(not_found_ok).map_err(|e| self.err("remove", &path, e))?;
         Ok(released)
     }
 
@@ -301,7 +329,7 @@ impl Store for FileStore {
         let lock = self.lock()?;
         let (ips, touched) = self.allocate_locked(req)?;
         drop(lock);
-        self.persist(&touched)?;
+        self.persist(&touched, &[])?;
         Ok(ips)
     }
 
@@ -310,7 +338,7 @@ impl Store for FileStore {
         let released = self.release_locked(container_id, ifname)?;
         drop(lock);
         if !released.is_empty() {
-            self.persist(&[self.dir.join("ips").join("."), self.record_path(container_id, ifname)])?;
+            self.persist(&[self.record_path(container_id, ifname)], &[&self.ips])?;
         }
         Ok(released)
     }
@@ -333,9 +361,9 @@ impl Store for FileStore {
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {
         let _lock = self.lock()?;
-        let dir = self.dir.join("attachments");
+        let dir = self.attachments.path();
         let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(|e| store_err("list", &dir, e))?.flatten() {
+        for entry in fs::read_dir(&dir).map_err(|e| self.err("list", &dir, e))?.flatten() {
             if let Some(record) = self.read_record(&entry.path())? {
                 let me = format!("{}={}", record.owner.container_id, record.owner.ifname);
                 for h in &record.ips {

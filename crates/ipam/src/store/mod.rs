@@ -8,8 +8,17 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{IpamConfig, StoreConfig};
 use crate::error::IpamError;
 use crate::range::IpRange;
+
+/// The store a network's configuration names (the plugin and plexusctl open it alike).
+pub fn open(cfg: &IpamConfig) -> Result<Box<dyn Store>, IpamError> {
+    Ok(match &cfg.store {
+        StoreConfig::File { data_dir, root } => Box::new(file::FileStore::open(data_dir, root, &cfg.domain)?),
+        StoreConfig::Etcd(etcd) => Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?),
+    })
+}
 
 /// Who holds an allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

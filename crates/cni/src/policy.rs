@@ -1,0 +1,389 @@
+//! The node policy: what only root (the cluster admin) decides on a node, read by every plexus
+//! binary. A network config (a NetworkAttachmentDefinition is tenant-written) chooses *what* to
+//! attach among what this policy allows; it never chooses where root writes, reads, logs,
+//! connects or what it executes.
+//!
+//! The file is `/etc/cni/plexus/policy.json`, or the file `PLEXUS_POLICY` names (the runtime's
+//! environment, which tenants do not control). It must be a regular file owned by root (or by
+//! the user running the plugin) and writable by no one else. No file: the defaults below, which
+//! allow what a node needs with plexus's default paths.
+//!
+//! ```json
+//! {
+//!   "dataRoots": ["/var/lib/cni/plexus-ipam", "/var/lib/cni/plexus-host-device"],
+//!   "log": {"file": "/var/log/plexus.log", "level": "info"},
+//!   "stores": {"fabric": {"etcd": {"endpoints": ["https://10.0.0.5:2379"], "prefix": "/plexus-ipam",
+//!              "tls": {"caFile": "/etc/plexus/etcd-ca.pem"}}}},
+//!   "allow": {"parents": ["ens1f0np0", "ens2f0np0"], "devices": ["ens1f0v*"],
+//!             "pciAddresses": ["0000:3b:00.*"],
+//!             "namespaces": {"team-a": {"parents": ["ens1f0np0"]}}},
+//!   "maxAttachments": 64,
+//!   "deviceInfoDir": "/var/run/k8s.cni.cncf.io/devinfo/cni"
+//! }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::Error;
+use crate::files::{SafeDir, is_clean_absolute};
+use crate::paths;
+
+/// The largest policy file read.
+const POLICY_MAX_BYTES: u64 = 1024 * 1024;
+
+/// The node policy (see the module documentation for the file).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// Directories beneath which a config's `dataDir` (plexus-ipam's file store, its
+    /// `store.file.dataDir`, plexus-host-device's state) may live.
+    #[serde(default = "default_data_roots")]
+    pub data_roots: Vec<PathBuf>,
+    /// Where the delegates log (the meta-plugin's own `logFile` comes from its admin config).
+    #[serde(default)]
+    pub log: LogPolicy,
+    /// Named store profiles for plexus-ipam (`"store": "<name>"`): etcd endpoints, prefix and
+    /// credential files live only here. Parsed by plexus-ipam when a config selects one.
+    #[serde(default)]
+    pub stores: BTreeMap<String, Value>,
+    /// Which node devices a config may use; an absent list restricts nothing.
+    #[serde(default)]
+    pub allow: Allow,
+    /// The most attachments one pod may ask the meta-plugin for.
+    #[serde(default = "default_max_attachments")]
+    pub max_attachments: usize,
+    /// The directory `runtimeConfig.CNIDeviceInfoFile` must name a file in.
+    #[serde(default = "default_device_info_dir")]
+    pub device_info_dir: PathBuf,
+    /// The file this policy came from (messages say which rule refused what).
+    #[serde(skip)]
+    pub source: String,
+}
+
+/// The log destination of plexus's delegates.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogPolicy {
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    #[serde(default)]
+    pub level: Option<String>,
+}
+
+/// Allow-lists of node devices, node-wide and per pod namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Allow {
+    #[serde(default)]
+    pub parents: Option<Vec<String>>,
+    #[serde(default)]
+    pub devices: Option<Vec<String>>,
+    #[serde(default)]
+    pub pci_addresses: Option<Vec<String>>,
+    /// Lists for pods of one namespace; a list absent there falls back to the node-wide one.
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, AllowLists>,
+}
+
+/// The lists of one namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllowLists {
+    #[serde(default)]
+    pub parents: Option<Vec<String>>,
+    #[serde(default)]
+    pub devices: Option<Vec<String>>,
+    #[serde(default)]
+    pub pci_addresses: Option<Vec<String>>,
+}
+
+/// What an allow-list governs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allowed {
+    /// A macvlan parent (`master`).
+    Parent,
+    /// A netdev plexus-host-device moves.
+    Device,
+    /// The PCI address of a device plexus-host-device hands to a pod.
+    PciAddress,
+}
+
+impl Allowed {
+    fn key(self) -> &'static str {
+        match self {
+            Allowed::Parent => "parents",
+            Allowed::Device => "devices",
+            Allowed::PciAddress => "pciAddresses",
+        }
+    }
+
+    fn pick<'a>(
+        self,
+        parents: &'a Option<Vec<String>>,
+        devices: &'a Option<Vec<String>>,
+        pci: &'a Option<Vec<String>>,
+    ) -> Option<&'a Vec<String>> {
+        match self {
+            Allowed::Parent => parents.as_ref(),
+            Allowed::Device => devices.as_ref(),
+            Allowed::PciAddress => pci.as_ref(),
+        }
+    }
+}
+
+fn default_data_roots() -> Vec<PathBuf> {
+    vec![paths::IPAM_DATA_DIR.into(), paths::HOST_DEVICE_DATA_DIR.into()]
+}
+fn default_max_attachments() -> usize {
+    64
+}
+fn default_device_info_dir() -> PathBuf {
+    paths::DEVICE_INFO_CNI_DIR.into()
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            data_roots: default_data_roots(),
+            log: LogPolicy::default(),
+            stores: BTreeMap::new(),
+            allow: Allow::default(),
+            max_attachments: default_max_attachments(),
+            device_info_dir: default_device_info_dir(),
+            source: format!("defaults (no {})", paths::POLICY_FILE),
+        }
+    }
+}
+
+/// An entry matches a name exactly, or by prefix when it ends in `*` (`ens1f0v*`).
+fn matches(entry: &str, value: &str) -> bool {
+    match entry.strip_suffix('*') {
+        Some(prefix) => value.starts_with(prefix),
+        None => entry == value,
+    }
+}
+
+fn policy_error(path: &Path, why: impl std::fmt::Display) -> Error {
+    Error::invalid_config(format!("node policy {}: {why}", path.display()))
+}
+
+impl Policy {
+    /// The policy of this node: `PLEXUS_POLICY`'s file, else the default file, else defaults.
+    pub fn load(getenv: impl Fn(&str) -> Option<String>) -> Result<Policy, Error> {
+        match getenv(paths::POLICY_ENV).filter(|v| !v.is_empty()) {
+            Some(p) => Policy::from_file(Path::new(&p)),
+            None if Path::new(paths::POLICY_FILE).exists() => Policy::from_file(Path::new(paths::POLICY_FILE)),
+            None => Ok(Policy::default()),
+        }
+    }
+
+    /// Read and check a policy file: a regular file, owned by root or by this user, writable by
+    /// no one else.
+    pub fn from_file(path: &Path) -> Result<Policy, Error> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let file = std::fs::File::open(path).map_err(|e| policy_error(path, e))?;
+        let meta = file.metadata().map_err(|e| policy_error(path, e))?;
+        let me = nix::unistd::geteuid().as_raw();
+        if !meta.is_file() {
+            return Err(policy_error(path, "not a regular file"));
+        }
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(policy_error(path, format!("owned by uid {}: only root may write the policy", meta.uid())));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(policy_error(
+                path,
+                format!("mode {:o} lets others write it: only root may (chmod go-w)", meta.mode() & 0o777),
+            ));
+        }
+        let mut text = Vec::new();
+        file.take(POLICY_MAX_BYTES + 1).read_to_end(&mut text).map_err(|e| policy_error(path, e))?;
+        if text.len() as u64 > POLICY_MAX_BYTES {
+            return Err(policy_error(path, format!("larger than {POLICY_MAX_BYTES} bytes")));
+        }
+        let mut policy = Policy::parse(&text).map_err(|e| policy_error(path, e.msg))?;
+        policy.source = path.display().to_string();
+        Ok(policy)
+    }
+
+    /// Parse and check a policy document.
+    pub fn parse(text: &[u8]) -> Result<Policy, Error> {
+        let de = &mut serde_json::Deserializer::from_slice(text);
+        let policy: Policy = serde_path_to_error::deserialize(de)
+            .map_err(|e| Error::invalid_config(format!("{}: {}", e.path(), e.inner())))?;
+        for root in &policy.data_roots {
+            if !is_clean_absolute(root) {
+                return Err(Error::invalid_config(format!(
+                    "dataRoots: {:?} is not an absolute path without . or ..",
+                    root.display().to_string()
+                )));
+            }
+        }
+        if !is_clean_absolute(&policy.device_info_dir) {
+            return Err(Error::invalid_config(format!(
+                "deviceInfoDir: {:?} is not an absolute path without . or ..",
+                policy.device_info_dir.display().to_string()
+            )));
+        }
+        if policy.max_attachments == 0 {
+            return Err(Error::invalid_config("maxAttachments: must be at least 1"));
+        }
+        Ok(policy)
+    }
+
+    /// The data directory `path` that config key `key` names, opened beneath one of the
+    /// `dataRoots` without following symlinks (created 0700 where missing).
+    pub fn data_dir(&self, key: &str, path: &Path) -> Result<SafeDir, Error> {
+        let root = self.data_root(key, path)?;
+        SafeDir::open_beneath(root, path, true)
+            .map_err(|e| Error::io(format!("{key} {:?}: {e}", path.display().to_string())))
+    }
+
+    /// The root of `dataRoots` that `path` (config key `key`) lies beneath: a code-7 error
+    /// naming the key, the value and the rule otherwise.
+    pub fn data_root(&self, key: &str, path: &Path) -> Result<&Path, Error> {
+        let shown = path.display().to_string();
+        if !is_clean_absolute(path) {
+            return Err(Error::invalid_config(format!("{key} {shown:?} must be an absolute path without . or ..")));
+        }
+        self.data_roots.iter().find(|r| path.starts_with(r)).map(PathBuf::as_path).ok_or_else(|| {
+            Error::invalid_config(format!("{key} {shown:?} is not beneath the node policy's dataRoots"))
+                .with_details(format!("dataRoots {:?} (policy: {})", self.data_roots, self.source))
+        })
+    }
+
+    /// Check that `value` (config key `key`) is on the allow-list of `what` for a pod in
+    /// `namespace`; no list means no restriction.
+    pub fn check_allowed(&self, what: Allowed, key: &str, value: &str, namespace: Option<&str>) -> Result<(), Error> {
+        let ns = namespace.and_then(|n| self.allow.namespaces.get(n).map(|l| (n, l)));
+        let (list, scope) = match ns.and_then(|(n, l)| {
+            what.pick(&l.parents, &l.devices, &l.pci_addresses).map(|list| (list, format!(" for namespace {n}")))
+        }) {
+            Some(found) => found,
+            None => match what.pick(&self.allow.parents, &self.allow.devices, &self.allow.pci_addresses) {
+                Some(list) => (list, String::new()),
+                None => return Ok(()),
+            },
+        };
+        if list.iter().any(|e| matches(e, value)) {
+            return Ok(());
+        }
+        Err(Error::invalid_config(format!("{key} {value:?} is not allowed by the node policy")).with_details(format!(
+            "allow.{}{scope}: {list:?} (policy: {})",
+            what.key(),
+            self.source
+        )))
+    }
+
+    /// Whether `path` names a file directly in the device-info directory (also when spelled
+    /// through `/run` for `/var/run`, which links there).
+    pub fn device_info_file_allowed(&self, path: &Path) -> bool {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return false };
+        if !is_clean_absolute(path) || name.starts_with('.') {
+            return false;
+        }
+        let parent = path.parent().unwrap_or(Path::new("/"));
+        let dir = &self.device_info_dir;
+        let run = |p: &Path| p.strip_prefix("/var/run").ok().map(|rest| Path::new("/run").join(rest));
+        parent == dir || run(dir).is_some_and(|d| d == parent) || run(parent).is_some_and(|p| p == *dir)
+    }
+
+    /// A named store profile (`stores.<name>`).
+    pub fn store(&self, name: &str) -> Option<&Value> {
+        self.stores.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy(v: Value) -> Policy {
+        Policy::parse(v.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn no_policy_means_plexus_default_paths_and_no_device_restriction() {
+        let p = Policy::default();
+        assert!(p.data_root("dataDir", Path::new("/var/lib/cni/plexus-ipam/x")).is_ok());
+        let e = p.data_root("dataDir", Path::new("/etc/cni")).unwrap_err();
+        assert_eq!(e.code, crate::code::INVALID_NETWORK_CONFIG);
+        assert!(e.msg.contains("dataDir \"/etc/cni\" is not beneath the node policy's dataRoots"), "{e}");
+        assert!(p.check_allowed(Allowed::Parent, "master", "eth9", Some("ns")).is_ok());
+        assert_eq!(p.max_attachments, 64);
+    }
+
+    #[test]
+    fn data_dirs_with_parent_steps_are_refused_even_beneath_a_root() {
+        let p = Policy::default();
+        let e = p.data_root("dataDir", Path::new("/var/lib/cni/plexus-ipam/../../../etc")).unwrap_err();
+        assert!(e.msg.contains("absolute path without . or .."), "{e}");
+        assert!(p.data_root("dataDir", Path::new("relative")).is_err());
+        assert!(p.data_root("dataDir", Path::new("/var/lib/cni/plexus-ipamX")).is_err(), "component-wise");
+    }
+
+    #[test]
+    fn allow_lists_apply_per_namespace_then_node_wide_with_prefix_entries() {
+        let p = policy(json!({"allow": {"parents": ["ens1f0np0"], "devices": ["ens1f0v*"],
+            "namespaces": {"team-a": {"parents": ["ens2f0np0"]}}}}));
+        assert!(p.check_allowed(Allowed::Parent, "master", "ens1f0np0", None).is_ok());
+        assert!(p.check_allowed(Allowed::Parent, "master", "ens1f0np0", Some("other")).is_ok());
+        let e = p.check_allowed(Allowed::Parent, "master", "ens1f0np0", Some("team-a")).unwrap_err();
+        assert_eq!(e.msg, "master \"ens1f0np0\" is not allowed by the node policy");
+        assert!(e.details.contains("allow.parents for namespace team-a: [\"ens2f0np0\"]"), "{}", e.details);
+        assert!(p.check_allowed(Allowed::Device, "device", "ens1f0v3", Some("team-a")).is_ok(), "falls back");
+        assert!(p.check_allowed(Allowed::Device, "device", "ens2f0v3", None).is_err());
+        assert!(p.check_allowed(Allowed::PciAddress, "pciBusID", "0000:3b:00.2", None).is_ok(), "no list");
+    }
+
+    #[test]
+    fn device_info_files_only_directly_in_the_device_info_dir_spelled_either_way() {
+        let p = Policy::default();
+        let ok = ["/var/run/k8s.cni.cncf.io/devinfo/cni/net-c1_net1", "/run/k8s.cni.cncf.io/devinfo/cni/x.json"];
+        for path in ok {
+            assert!(p.device_info_file_allowed(Path::new(path)), "{path}");
+        }
+        let bad = [
+            "/var/lib/kubelet/kubeconfig",
+            "/var/run/k8s.cni.cncf.io/devinfo/cni/../../../../etc/passwd",
+            "/var/run/k8s.cni.cncf.io/devinfo/cni/sub/x",
+            "/var/run/k8s.cni.cncf.io/devinfo/cni/",
+            "/var/run/k8s.cni.cncf.io/devinfo/cni/.hidden",
+            "k8s.cni.cncf.io/devinfo/cni/x",
+        ];
+        for path in bad {
+            assert!(!p.device_info_file_allowed(Path::new(path)), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_policy_with_unknown_keys_or_bad_values_is_refused_by_name() {
+        let e = Policy::parse(br#"{"dataRoot": ["/x"]}"#).unwrap_err();
+        assert!(e.msg.contains("unknown field `dataRoot`"), "{e}");
+        let e = Policy::parse(br#"{"dataRoots": ["x"]}"#).unwrap_err();
+        assert!(e.msg.contains("dataRoots: \"x\""), "{e}");
+        let e = Policy::parse(br#"{"allow": {"parents": "eth0"}}"#).unwrap_err();
+        assert!(e.msg.starts_with("allow.parents"), "{e}");
+        assert!(Policy::parse(br#"{"maxAttachments": 0}"#).is_err());
+    }
+
+    #[test]
+    fn a_policy_file_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("policy.json");
+        std::fs::write(&f, br#"{"maxAttachments": 8}"#).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let p = Policy::from_file(&f).unwrap();
+        assert_eq!((p.max_attachments, p.source.clone()), (8, f.display().to_string()));
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = Policy::from_file(&f).unwrap_err();
+        assert!(e.msg.contains("lets others write it"), "{e}");
+    }
+}
