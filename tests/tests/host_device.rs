@@ -396,3 +396,90 @@ fn check_status_and_gc() {
         .run();
     assert!(status.success(), "{}", status.stdout);
 }
+
+// The trust boundary (see also tests/trust_boundary.rs): plexus-host-device run directly, as
+// Multus would run it with a tenant's NAD.
+
+impl Rig {
+    /// A run with its own attachment name and node policy.
+    fn run_as(&self, verb: &str, ifname: &str, c: &Value, policy: &Path) -> Outcome {
+        PluginRun::new(plugin_bin(PLUGIN), verb)
+            .attachment("ctr1", &self.lab.pod.path(), ifname, &cni_path())
+            .env("PLEXUS_SYSFS_ROOT", self.sysfs().to_str().unwrap())
+            .env("PLEXUS_POLICY", policy.to_str().unwrap())
+            .stdin(c)
+            .in_netns(&self.lab.node)
+            .run()
+    }
+}
+
+#[test]
+fn a_state_dir_outside_the_data_roots_is_refused_and_the_device_stays() {
+    let rig = Rig::new();
+    let before = rig.host("ens1f0");
+    let policy = write_policy(
+        rig.dir.path(),
+        "strict.json",
+        &json!({"dataRoots": [rig.dir.path().join("ipam"), "/var/lib/cni/plexus-host-device"]}),
+    );
+    let c = rig.conf("1.0.0", json!({"device": "ens1f0"}));
+    let (code, msg, details) = rig.run_as("ADD", "net1", &c, &policy).error();
+    assert_eq!(code, 7);
+    assert!(msg.starts_with("dataDir \"") && msg.ends_with("is not beneath the node policy's dataRoots"), "{msg}");
+    assert!(details.contains("strict.json"), "{details}");
+    assert_eq!(rig.host("ens1f0"), before, "not moved, nothing changed");
+    assert!(!rig.dir.path().join("state").exists(), "no state written");
+    assert!(rig.run_as("DEL", "net1", &c, &policy).success(), "DEL succeeds: nothing was done");
+    assert_eq!(rig.host("ens1f0"), before);
+}
+
+#[test]
+fn del_of_another_attachment_of_the_same_container_never_takes_this_attachments_device() {
+    let rig = Rig::new();
+    let policy = rig.policy();
+    let c = rig.conf("1.0.0", json!({"device": "ens1f0"}));
+    assert!(rig.run_as("ADD", "net2", &c, &policy).success());
+    assert!(rig.lab.pod.link("net2").is_some());
+    // DEL of net3 (no state file: it never attached) naming another device.
+    rig.lab.add_nic("ens2f0", 9000);
+    let other = rig.conf("1.0.0", json!({"device": "ens2f0"}));
+    assert!(rig.run_as("DEL", "net3", &other, &policy).success());
+    let net2 = rig.lab.pod.link("net2").expect("net2's device stays in the pod");
+    assert!(net2.is_up(), "and stays up");
+    assert_eq!(rig.state_files(), 1, "net2's state is kept");
+    // Its own DEL brings it home.
+    assert!(rig.run_as("DEL", "net2", &c, &policy).success());
+    assert!(rig.lab.node.link("ens1f0").is_some());
+    assert_eq!(rig.state_files(), 0);
+}
+
+#[test]
+fn devices_and_pci_addresses_off_the_allow_lists_are_refused_and_the_device_stays() {
+    let rig = Rig::new();
+    rig.fake_sysfs("mlx5_core", None);
+    let before = rig.host("ens1f0");
+    let c = rig.conf("1.1.0", json!({"pciBusID": "0000:3b:00.2"}));
+    for (allow, want) in [
+        (json!({"devices": ["ens9f0*"]}), ("device \"ens1f0\" is not allowed by the node policy", "allow.devices")),
+        (
+            json!({"pciAddresses": ["0000:5e:*"]}),
+            ("PCI address of ens1f0 \"0000:3b:00.2\" is not allowed by the node policy", "allow.pciAddresses"),
+        ),
+    ] {
+        let policy =
+            write_policy(rig.dir.path(), "allow.json", &json!({"dataRoots": [std::env::temp_dir()], "allow": allow}));
+        let (code, msg, details) = rig.run_as("ADD", "net1", &c, &policy).error();
+        assert_eq!((code, msg.as_str()), (7, want.0));
+        assert!(details.starts_with(want.1), "{details}");
+        assert_eq!(rig.host("ens1f0"), before);
+        assert_eq!(rig.state_files(), 0);
+    }
+    let policy = write_policy(
+        rig.dir.path(),
+        "allow.json",
+        &json!({"dataRoots": [std::env::temp_dir()], "allow": {"devices": ["ens1f*"], "pciAddresses": ["0000:3b:*"]}}),
+    );
+    assert!(rig.run_as("ADD", "net1", &c, &policy).success(), "on the lists: attached");
+    assert!(rig.run_as("DEL", "net1", &c, &policy).success());
+    assert_eq!(rig.host("ens1f0"), before);
+}
