@@ -450,7 +450,7 @@ fn more_attachments_than_the_policy_allows_are_refused_before_any_delegate_runs(
     let n = Node::with_policy(json!({"maxAttachments": 4}));
     n.spy("spy");
     n.nad("s", &json!({"cniVersion": "1.0.0", "type": "spy"}));
-    let five = vec!["s"; 5].join(",");
+    let five = ["s"; 5].join(",");
     let (code, msg, details) = n.plexus("ADD", &n.meta(&five)).error();
     assert_eq!(
         (code, msg.as_str()),
@@ -466,7 +466,7 @@ fn more_attachments_than_the_policy_allows_are_refused_before_any_delegate_runs(
     assert_eq!(code, 7);
     assert!(msg.contains("10000 attachments asked for, the node policy allows at most 64"), "{msg}");
     assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
-    let four = vec!["s"; 4].join(",");
+    let four = ["s"; 4].join(",");
     assert!(n.plexus("ADD", &n.meta(&four)).success(), "four are fine");
     assert!(n.plexus("DEL", &n.meta(&four)).success());
 }
