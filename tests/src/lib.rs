@@ -4,7 +4,7 @@
 //! panic), a runner that execs a built plugin inside the node namespace with the CNI environment,
 //! and readers of kernel state (`ip -j`, an observer independent of plexus's own netlink code).
 //!
-//! Rules (shared/TESTING.md): never touch the host namespace or `eth0`; addresses from
+//! Rules: never touch the host namespace or `eth0`; addresses from
 //! 198.18.0.0/15 and 2001:db8::/32; tests need root and fail, loudly, without it.
 
 pub mod etcd;

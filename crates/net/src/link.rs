@@ -595,7 +595,7 @@ fn rule_message(r: &RuleSpec) -> RuleMessage {
     msg.header.src_len = r.src.prefix();
     msg.header.table = u8::try_from(r.table).unwrap_or(COMPAT_TABLE);
     // Without an explicit action the kernel stores "unspec" and lookups through the rule fail
-    // with EINVAL (rtnetlink's RuleAddRequest default; shared/reference/rust-deps.md).
+    // with EINVAL (rtnetlink's RuleAddRequest default).
     msg.header.action = RuleAction::ToTable;
     msg.attributes.push(RuleAttribute::Source(r.src.ip()));
     msg.attributes.push(RuleAttribute::Table(r.table));
