@@ -36,6 +36,10 @@ SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 work=${BENCH_WORK:-$(mktemp -d)}
 mkdir -p "$work"
+# The node policy the benchmarks run under: their stores and state live in $work.
+printf '{"dataRoots": ["%s"]}\n' "$work" > "$work/policy.json"
+chmod 600 "$work/policy.json"
+export PLEXUS_POLICY="$work/policy.json"
 node=plxbench-n$$ pod=plxbench-p$$
 cleanup() {
   ip netns del "$pod" 2>/dev/null || true; ip netns del "$node" 2>/dev/null || true
