@@ -370,6 +370,8 @@ mod tests {
         assert!(e.msg.contains("dataRoots: \"x\""), "{e}");
         let e = Policy::parse(br#"{"allow": {"parents": "eth0"}}"#).unwrap_err();
         assert!(e.msg.starts_with("allow.parents"), "{e}");
+        let e = Policy::parse(br#"{"allow": {"namespaces": {"a": {"parent": ["eth0"]}}}}"#).unwrap_err();
+        assert!(e.msg.contains("unknown field `parent`"), "a typo never loosens the policy: {e}");
         assert!(Policy::parse(br#"{"maxAttachments": 0}"#).is_err());
     }
 
