@@ -33,6 +33,8 @@ pub struct Request {
     pub config: NetConf,
     pub stdin: Vec<u8>,
     pub policy: Policy,
+    /// Where this invocation logs (chosen once, by the entry point; the meta-plugin hands it on).
+    pub log: LogTarget,
 }
 
 /// An attachment the runtime still considers valid (GC).
@@ -130,9 +132,9 @@ pub fn dispatch(
     let mut print_version = SpecVersion::LATEST;
     let outcome = prepare(&getenv, stdin, &mut print_version).and_then(|req| match req {
         None => Ok(Some(version_document())),
-        Some(req) => {
-            let target = LogTarget::choose(&req.config, plugin.admin_config(&req), &getenv, &req.policy);
-            let _log = logging::init(&target, about.name);
+        Some(mut req) => {
+            req.log = LogTarget::choose(&req.config, plugin.admin_config(&req), &getenv, &req.policy);
+            let _log = logging::init(&req.log, about.name);
             let netns = req.env.netns.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
             let span = tracing::info_span!("cni", command = %req.env.command, container = %req.env.container_id, ifname = %req.env.ifname, netns = %netns);
             let _enter = span.enter();
@@ -211,7 +213,7 @@ fn prepare(
         refuse_own_netns(env.netns.as_deref())?;
     }
     let policy = Policy::load(&getenv)?;
-    Ok(Some(Request { env, version, config, stdin: raw, policy }))
+    Ok(Some(Request { env, version, config, stdin: raw, policy, log: LogTarget::default() }))
 }
 
 fn refuse_own_netns(netns: Option<&Path>) -> Result<(), Error> {

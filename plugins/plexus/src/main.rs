@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use attachment::Attachment;
 use conf::MetaConf;
 use plan::{Pod, SelectionSource};
-use plexus_cni::logging::{self, LogTarget};
+use plexus_cni::logging;
 use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Policy, Request, code, files};
 use plexus_k8s::api::ApiClient;
 use plexus_k8s::nad::{DirSource, NadSource};
@@ -89,10 +89,9 @@ impl Cluster {
 fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
     let mut env = req.env.clone();
     env.vars.push((conf::DELEGATE_MARK_ENV.into(), "1".into()));
-    let log = LogTarget::choose(&req.config, true, |k| std::env::var(k).ok(), &req.policy);
-    if let Some(file) = &log.file {
+    if let Some(file) = &req.log.file {
         env.vars.push((logging::LOG_FILE_ENV.into(), file.display().to_string()));
-        env.vars.push((logging::LOG_LEVEL_ENV.into(), log.level.clone().unwrap_or_default()));
+        env.vars.push((logging::LOG_LEVEL_ENV.into(), req.log.level.clone().unwrap_or_default()));
     }
     let mut path = vec![conf.bin_dir.clone()];
     path.extend(req.env.path.iter().filter(|p| **p != conf.bin_dir).cloned());
