@@ -8,7 +8,9 @@
 
 use std::path::PathBuf;
 
-use plexus_cni::{Dns, NetConf, Policy, Route};
+use std::net::IpAddr;
+
+use plexus_cni::{CniResult, Dns, IpConfig, NetConf, Policy, Route};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -45,6 +47,9 @@ struct Keys {
     routes: Vec<Route>,
     #[serde(default)]
     dns: Option<Dns>,
+    /// whereabouts' static addresses, added to the result after the allocated ones.
+    #[serde(default)]
+    addresses: Vec<StaticAddress>,
     #[serde(default, rename = "network_name")]
     network_name: Option<String>,
     #[serde(default = "yes", rename = "enable_overlapping_ranges")]
@@ -59,6 +64,14 @@ struct Keys {
 
 fn yes() -> bool {
     true
+}
+
+/// One entry of `addresses`: a CIDR and an optional gateway (whereabouts' static passthrough).
+#[derive(Debug, Deserialize)]
+struct StaticAddress {
+    address: String,
+    #[serde(default)]
+    gateway: Option<String>,
 }
 
 /// The etcd store settings (`"store": {"etcd": {...}}`).
@@ -125,6 +138,9 @@ pub struct IpamConfig {
     pub domain: String,
     pub overlapping: bool,
     pub ranges: Vec<IpRange>,
+    /// Static addresses (`addresses`), added to every result after the allocated ones; never
+    /// reserved (as in whereabouts).
+    pub addresses: Vec<IpConfig>,
     pub routes: Vec<Route>,
     pub dns: Dns,
     pub store: StoreConfig,
@@ -176,6 +192,7 @@ impl IpamConfig {
             }
             None => DEFAULT_DOMAIN.into(),
         };
+        let addresses = keys.addresses.iter().map(static_address).collect::<Result<Vec<_>, _>>()?;
         let store = parse_store(keys.store.as_ref(), keys.data_dir, policy)?;
         let node = match keys.node_name {
             Some(n) if name_ok(&n) => n,
@@ -187,11 +204,47 @@ impl IpamConfig {
             domain,
             overlapping: keys.enable_overlapping_ranges,
             ranges,
+            addresses,
             routes: keys.routes,
             dns: keys.dns.unwrap_or_default(),
             store,
             node,
         })
+    }
+}
+
+fn static_address(a: &StaticAddress) -> Result<IpConfig, IpamError> {
+    let bad = |why: &str| IpamError::Config(format!("invalid addresses entry {:?}: {why}", a.address));
+    if !a.address.contains('/') {
+        return Err(bad("a CIDR such as 198.18.0.5/24 is required"));
+    }
+    let address = crate::range::parse_cidr(&a.address).ok_or_else(|| bad("not a CIDR"))?;
+    let gateway = match &a.gateway {
+        Some(g) => Some(crate::range::parse_addr(g).ok_or_else(|| {
+            IpamError::Config(format!("invalid addresses gateway {g:?} for {:?}: not an IP address", a.address))
+        })?),
+        None => None,
+    };
+    Ok(IpConfig { interface: None, address, gateway })
+}
+
+impl IpamConfig {
+    /// The result of an ADD: one address per range (with the range's gateway), then the static
+    /// `addresses`, routes and DNS. `CNI_ARGS` `GATEWAY=` entries (whereabouts) become the gateway
+    /// of every address whose network contains them.
+    pub fn result(&self, allocated: &[IpAddr], cni_gateways: &[IpAddr]) -> CniResult {
+        let mut ips: Vec<IpConfig> = allocated
+            .iter()
+            .zip(&self.ranges)
+            .map(|(ip, r)| IpConfig { interface: None, address: r.with_prefix(*ip), gateway: r.gateway })
+            .collect();
+        ips.extend(self.addresses.iter().cloned());
+        for ip in &mut ips {
+            if let Some(gw) = cni_gateways.iter().find(|g| ip.address.contains(**g)) {
+                ip.gateway = Some(*gw);
+            }
+        }
+        CniResult { interfaces: Vec::new(), ips, routes: self.routes.clone(), dns: self.dns.clone() }
     }
 }
 

@@ -1,5 +1,13 @@
 //! Address ranges as 128-bit offsets from the network address, for IPv4 and IPv6 alike (no /65
 //! limit): parsing of whereabouts' `range` forms, usable bounds and exclusions.
+//!
+//! As whereabouts (v0.9): `range` is a network (host bits are ignored: `192.168.1.44/28` hands
+//! out from .33), never its network address nor its last address (IPv4 broadcast, IPv6 all-ones);
+//! `A-B/nn` sets start and end; `range_start`/`range_end` outside the usable span, of the other
+//! family or reversed are ignored (with a warning), as whereabouts ignores them; IPv4 addresses
+//! with leading zeroes (`00192.00168.1.5`) are read as decimal. Unlike whereabouts: /31, /32,
+//! /127 and /128 are point-to-point ranges whose every address is usable (RFC 3021, RFC 6164),
+//! where whereabouts fails with "net mask is too short"; and the gateway is never handed out.
 
 use std::net::IpAddr;
 
@@ -35,13 +43,41 @@ fn bad(key: &str, value: &str, why: impl std::fmt::Display) -> IpamError {
     IpamError::Config(format!("invalid {key} {value:?}: {why}"))
 }
 
-/// Parse a CIDR or a bare address (→ /32 or /128).
+/// An IPv4 dotted quad with leading zeroes (`00192.00168.01.5`) as whereabouts reads it: each
+/// part decimal. Anything else is returned as it is.
+fn without_leading_zeroes(s: &str) -> std::borrow::Cow<'_, str> {
+    let parts: Vec<&str> = s.split('.').collect();
+    let padded = parts.len() == 4
+        && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts.iter().any(|p| p.len() > 1 && p.starts_with('0'));
+    if !padded {
+        return s.into();
+    }
+    let trimmed: Vec<&str> =
+        parts.iter().map(|p| p.trim_start_matches('0')).map(|p| if p.is_empty() { "0" } else { p }).collect();
+    trimmed.join(".").into()
+}
+
+/// An address (IPv4 leading zeroes read as decimal).
+pub fn parse_addr(s: &str) -> Option<IpAddr> {
+    without_leading_zeroes(s.trim()).parse().ok()
+}
+
+/// A CIDR or a bare address (→ /32 or /128); IPv4 leading zeroes read as decimal.
+pub fn parse_cidr(s: &str) -> Option<IpNetwork> {
+    let s = s.trim();
+    match s.split_once('/') {
+        Some((a, p)) => format!("{}/{p}", without_leading_zeroes(a)).parse().ok(),
+        None => without_leading_zeroes(s).parse().ok(),
+    }
+}
+
 fn parse_net(key: &str, s: &str) -> Result<IpNetwork, IpamError> {
-    s.trim().parse::<IpNetwork>().map_err(|e| bad(key, s, e))
+    parse_cidr(s).ok_or_else(|| bad(key, s, "not an IP address or CIDR"))
 }
 
 fn parse_ip(key: &str, s: &str) -> Result<IpAddr, IpamError> {
-    s.trim().parse::<IpAddr>().map_err(|e| bad(key, s, e))
+    parse_addr(s).ok_or_else(|| bad(key, s, "not an IP address"))
 }
 
 /// The whereabouts keys of one range.
@@ -55,8 +91,8 @@ pub struct RangeSpec<'a> {
 }
 
 impl IpRange {
-    /// Parse `range` (`198.18.0.0/24`, `198.18.0.10/24` = start at .10, or `A-B/nn`), with the
-    /// optional `range_start`, `range_end`, `exclude` and `gateway`.
+    /// Parse `range` (`198.18.0.0/24`; host bits are ignored, as whereabouts does; or `A-B/nn`),
+    /// with the optional `range_start`, `range_end`, `exclude` and `gateway`.
     pub fn parse(spec: &RangeSpec<'_>) -> Result<IpRange, IpamError> {
         let (mut start, mut end, network) = match spec.range.split_once('-') {
             Some((a, b_nn)) => {
@@ -65,48 +101,66 @@ impl IpRange {
                     return Err(bad("range", spec.range, "expected A-B/prefix"));
                 }
                 let a = parse_ip("range", a).map_err(|_| bad("range", spec.range, "expected A-B/prefix"))?;
+                if a.is_ipv4() != b.is_ipv4() || !b.contains(a) {
+                    return Err(bad(
+                        "range",
+                        spec.range,
+                        format!("start {a} is not inside {}/{}", b.network(), b.prefix()),
+                    ));
+                }
                 (Some(a), Some(b.ip()), b)
             }
             None => {
                 if !spec.range.contains('/') {
                     return Err(bad("range", spec.range, "expected a CIDR such as 198.18.0.0/24"));
                 }
-                let n = parse_net("range", spec.range)?;
-                let start = (n.ip() != n.network()).then_some(n.ip());
-                (start, None, n)
+                (None, None, parse_net("range", spec.range)?)
             }
         };
         let network = IpNetwork::new(network.network(), network.prefix()).expect("valid prefix");
         let v4 = network.is_ipv4();
+        // whereabouts ignores bounds it cannot use; a config that works there works here, and
+        // the log says what was ignored.
+        let ignored = |key: &str, value: &str, why: &str| {
+            tracing::warn!("{key} {value:?} ignored: {why} (whereabouts ignores it too)");
+        };
         if let Some(s) = spec.range_start {
-            start = Some(parse_ip("range_start", s)?);
+            match parse_addr(s) {
+                Some(ip) => start = Some(ip),
+                None => ignored("range_start", s, "not an IP address"),
+            }
         }
         if let Some(e) = spec.range_end {
-            end = Some(parse_ip("range_end", e)?);
+            match parse_addr(e) {
+                Some(ip) => end = Some(ip),
+                None => ignored("range_end", e, "not an IP address"),
+            }
         }
         let base = to_u128(network.network());
         let bits: u32 = if v4 { 32 } else { 128 };
         let size_bits = bits - u32::from(network.prefix());
         let span: u128 = if size_bits >= 128 { u128::MAX } else { (1u128 << size_bits) - 1 };
-        // Never the network address; never the IPv4 broadcast (point-to-point /31, /32 and
-        // IPv6 /127, /128 use every address).
+        // Never the network address nor the last address (IPv4 broadcast, IPv6 all-ones), as
+        // whereabouts; point-to-point /31, /32, /127 and /128 use every address (an extension).
         let tiny = size_bits <= 1;
         let mut first = if tiny { 0 } else { 1 };
-        let mut last = if tiny || !v4 { span } else { span - 1 };
-        let offset_in = |key: &str, ip: IpAddr| -> Result<u128, IpamError> {
-            if ip.is_ipv4() != v4 || !network.contains(ip) {
-                return Err(bad(key, &ip.to_string(), format!("not inside range {network}")));
-            }
-            Ok(to_u128(ip) - base)
+        let mut last = if tiny { span } else { span - 1 };
+        let usable = |ip: IpAddr, lo: u128| {
+            ip.is_ipv4() == v4 && network.contains(ip) && (lo..=last).contains(&(to_u128(ip) - base))
         };
         if let Some(s) = start {
-            first = first.max(offset_in("range_start", s)?);
+            if usable(s, first) {
+                first = to_u128(s) - base;
+            } else {
+                ignored("range_start", &s.to_string(), &format!("not a usable address of {network}"));
+            }
         }
         if let Some(e) = end {
-            last = last.min(offset_in("range_end", e)?);
-        }
-        if first > last {
-            return Err(bad("range", spec.range, "range_start is after range_end: no address to hand out"));
+            if usable(e, first) {
+                last = to_u128(e) - base;
+            } else {
+                ignored("range_end", &e.to_string(), &format!("not a usable address of {network} from the start on"));
+            }
         }
         let gateway = spec.gateway.map(|g| parse_ip("gateway", g)).transpose()?;
         let mut excluded = Vec::new();
@@ -233,25 +287,102 @@ mod tests {
     }
 
     #[test]
-    fn a_dash_b_form_and_host_bits_set_the_bounds() {
+    fn a_dash_b_form_sets_the_bounds_and_host_bits_are_ignored_as_in_whereabouts() {
         let x = r("198.18.0.10-198.18.0.20/24");
         assert_eq!(
             (x.addr(x.first).to_string(), x.addr(x.last).to_string()),
             ("198.18.0.10".into(), "198.18.0.20".into())
         );
         assert_eq!(x.network.to_string(), "198.18.0.0/24");
-        let y = r("198.18.0.225/28");
-        assert_eq!(y.addr(y.first).to_string(), "198.18.0.225");
-        assert_eq!(y.addr(y.last).to_string(), "198.18.0.238");
+        let y = r("198.18.0.44/28");
+        assert_eq!(y.network.to_string(), "198.18.0.32/28");
+        assert_eq!(y.addr(y.first).to_string(), "198.18.0.33", "the network's first usable address");
+        assert_eq!(y.addr(y.last).to_string(), "198.18.0.46");
     }
 
     #[test]
-    fn wide_ipv6_ranges_use_128_bit_offsets() {
+    fn wide_ipv6_ranges_use_128_bit_offsets_and_never_the_all_ones_address() {
         let x = r("2001:db8::/32");
-        assert_eq!(x.capacity(), (1u128 << 96) - 1);
-        assert_eq!(x.addr(x.last).to_string(), "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff");
+        assert_eq!(x.capacity(), (1u128 << 96) - 2);
+        assert_eq!(x.addr(x.last).to_string(), "2001:db8:ffff:ffff:ffff:ffff:ffff:fffe");
         let whole = r("2001:db8::/64");
-        assert!(whole.offset_of("2001:db8::ffff:ffff:ffff:ffff".parse().unwrap()).is_some());
+        assert!(whole.offset_of("2001:db8::ffff:ffff:ffff:fffe".parse().unwrap()).is_some());
+        assert!(whole.offset_of("2001:db8::ffff:ffff:ffff:ffff".parse().unwrap()).is_none());
+        let small = r("2001:db8::/126");
+        assert_eq!(small.capacity(), 2, "::1 and ::2, as whereabouts");
+    }
+
+    #[test]
+    fn point_to_point_ranges_use_every_address() {
+        for (range, first, last) in [
+            ("198.18.0.0/31", "198.18.0.0", "198.18.0.1"),
+            ("198.18.0.7/32", "198.18.0.7", "198.18.0.7"),
+            ("2001:db8::/127", "2001:db8::", "2001:db8::1"),
+            ("2001:db8::9/128", "2001:db8::9", "2001:db8::9"),
+        ] {
+            let x = r(range);
+            assert_eq!(
+                (x.addr(x.first).to_string(), x.addr(x.last).to_string()),
+                (first.into(), last.into()),
+                "{range}"
+            );
+        }
+    }
+
+    #[test]
+    fn leading_zeroes_are_decimal_as_whereabouts_reads_them() {
+        let x = IpRange::parse(&RangeSpec {
+            range: "00192.00168.1.5-000000192.168.1.25/24",
+            range_start: None,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (x.addr(x.first).to_string(), x.addr(x.last).to_string()),
+            ("192.168.1.5".into(), "192.168.1.25".into())
+        );
+        let y = IpRange::parse(&RangeSpec {
+            range: "00192.00168.1.0/24",
+            range_start: Some("00192.00168.1.44"),
+            range_end: Some("00192.00168.01.209"),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (y.addr(y.first).to_string(), y.addr(y.last).to_string()),
+            ("192.168.1.44".into(), "192.168.1.209".into())
+        );
+        assert_eq!(parse_addr("010.1.1.1").unwrap().to_string(), "10.1.1.1", "decimal, never octal");
+    }
+
+    #[test]
+    fn bounds_whereabouts_ignores_are_ignored_not_refused() {
+        let bounds = |start: Option<&str>, end: Option<&str>| {
+            let x = IpRange::parse(&RangeSpec {
+                range: "198.18.0.0/24",
+                range_start: start,
+                range_end: end,
+                ..Default::default()
+            })
+            .unwrap();
+            (x.addr(x.first).to_string(), x.addr(x.last).to_string())
+        };
+        let all = ("198.18.0.1".to_string(), "198.18.0.254".to_string());
+        assert_eq!(bounds(Some("198.19.0.150"), Some("198.20.0.100")), all, "both outside");
+        assert_eq!(bounds(Some("198.18.0.0"), Some("198.18.0.255")), all, "network and broadcast");
+        assert_eq!(bounds(Some("2001:db8::1"), None), all, "other family");
+        assert_eq!(bounds(Some("bogus"), None), all, "not an address");
+        assert_eq!(
+            bounds(Some("198.18.0.100"), Some("198.18.0.50")),
+            ("198.18.0.100".into(), "198.18.0.254".into()),
+            "reversed: the end is ignored"
+        );
+        assert_eq!(bounds(Some("198.18.0.50"), Some("198.18.0.50")), ("198.18.0.50".into(), "198.18.0.50".into()));
+        let x = r("198.18.0.25-198.18.0.5/24");
+        assert_eq!(
+            (x.addr(x.first).to_string(), x.addr(x.last).to_string()),
+            ("198.18.0.25".into(), "198.18.0.254".into())
+        );
     }
 
     #[test]
@@ -272,13 +403,14 @@ mod tests {
 
     #[test]
     fn bad_ranges_name_the_key_and_value() {
-        for (range, start, want) in [
-            ("198.18.0.0", None, "invalid range \"198.18.0.0\""),
-            ("nonsense/24", None, "invalid range \"nonsense/24\""),
-            ("198.18.0.9-198.18.0.2/24", None, "range_start is after range_end"),
-            ("198.18.0.0/24", Some("198.19.0.1"), "invalid range_start \"198.19.0.1\": not inside range 198.18.0.0/24"),
+        for (range, want) in [
+            ("198.18.0.0", "invalid range \"198.18.0.0\""),
+            ("nonsense/24", "invalid range \"nonsense/24\""),
+            ("198.18.0.5/33", "invalid range \"198.18.0.5/33\""),
+            ("198.18.1.5-198.18.2.25/28", "start 198.18.1.5 is not inside 198.18.2.16/28"),
+            ("bogus-198.18.1.25/24", "expected A-B/prefix"),
         ] {
-            let e = IpRange::parse(&RangeSpec { range, range_start: start, ..Default::default() }).unwrap_err();
+            let e = IpRange::parse(&RangeSpec { range, ..Default::default() }).unwrap_err();
             assert!(e.to_string().contains(want), "{range}: {e}");
         }
     }

@@ -156,3 +156,8 @@ impl NadSource for ApiClient {
 pub fn selection_annotation(pod: &PodInfo) -> Option<String> {
     pod.annotations.get(crate::selection::NETWORKS_ANNOTATION).cloned()
 }
+
+/// The pod's `v1.multus-cni.io/default-network` annotation, if any.
+pub fn default_network_annotation(pod: &PodInfo) -> Option<String> {
+    pod.annotations.get(crate::selection::DEFAULT_NETWORK_ANNOTATION).cloned()
+}

@@ -11,6 +11,8 @@ use crate::error::K8sError;
 
 /// The annotation that selects a pod's networks.
 pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// The annotation that replaces the cluster network for one pod (Multus).
+pub const DEFAULT_NETWORK_ANNOTATION: &str = "v1.multus-cni.io/default-network";
 
 /// One requested attachment.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -24,8 +26,10 @@ pub struct NetworkSelection {
     pub ips: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
-    #[serde(rename = "default-route", default, skip_serializing_if = "Vec::is_empty")]
-    pub default_route: Vec<IpAddr>,
+    /// Gateways for the pod's default route through this attachment. Present at all (even
+    /// empty) means the pod's default routes are managed (Multus).
+    #[serde(rename = "default-route", default, skip_serializing_if = "Option::is_none")]
+    pub default_route: Option<Vec<IpAddr>>,
     #[serde(rename = "portMappings", default, skip_serializing_if = "Option::is_none")]
     pub port_mappings: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,11 +115,12 @@ pub fn parse_selections(value: &str) -> Result<Vec<NetworkSelection>, K8sError> 
             if item.is_empty() {
                 return Err(bad(item, "empty element"));
             }
+            // Spaces around each part are trimmed, as Multus does (`default / net1 @ eth9`).
             let (ns_name, ifname) = match item.split_once('@') {
-                Some((a, i)) => (a, Some(i.to_string())),
+                Some((a, i)) => (a, Some(i.trim().to_string())),
                 None => (item, None),
             };
-            let parts: Vec<&str> = ns_name.split('/').collect();
+            let parts: Vec<&str> = ns_name.split('/').map(str::trim).collect();
             let (namespace, name) = match parts.as_slice() {
                 [name] => (None, name.to_string()),
                 [ns, name] => (Some(ns.to_string()), name.to_string()),
@@ -126,6 +131,18 @@ pub fn parse_selections(value: &str) -> Result<Vec<NetworkSelection>, K8sError> 
             Ok(s)
         })
         .collect()
+}
+
+/// The `v1.multus-cni.io/default-network` annotation: exactly one network, in either form.
+pub fn parse_default_network(value: &str) -> Result<NetworkSelection, K8sError> {
+    let mut list = parse_selections(value)?;
+    match list.len() {
+        1 => Ok(list.remove(0)),
+        0 => Err(K8sError::Selection(format!("{DEFAULT_NETWORK_ANNOTATION} names no network"))),
+        _ => Err(K8sError::Selection(format!(
+            "{DEFAULT_NETWORK_ANNOTATION}: more than one default network is specified: {value}"
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -153,7 +170,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s[0].ips, ["198.18.0.5/24"]);
-        assert_eq!(s[0].default_route[0].to_string(), "198.18.0.1");
+        assert_eq!(s[0].default_route.as_ref().unwrap()[0].to_string(), "198.18.0.1");
         assert_eq!(s[0].cni_args.as_ref().unwrap()["k"], "v");
         assert_eq!(s[0].device_id.as_deref(), Some("0000:3b:00.2"));
         assert_eq!(s[1].interface.as_deref(), Some("net8"), "the deprecated interfaceRequest");
@@ -181,5 +198,32 @@ mod tests {
         ] {
             assert!(parse_selections(bad).is_err(), "{bad} must be refused");
         }
+    }
+
+    #[test]
+    fn spaces_around_each_part_are_trimmed_as_multus_does() {
+        let s = parse_selections("default / net1 @ my_interface , net2").unwrap();
+        assert_eq!(
+            (s[0].namespace.as_deref(), s[0].name.as_str(), s[0].interface.as_deref()),
+            (Some("default"), "net1", Some("my_interface"))
+        );
+        assert_eq!(s[1].name, "net2");
+        assert!(parse_selections("default/net1@my ifc").is_err(), "a space inside a part is still refused");
+    }
+
+    #[test]
+    fn an_empty_default_route_list_is_kept_apart_from_an_absent_one() {
+        let s = parse_selections(r#"[{"name":"a","default-route":[]},{"name":"b"}]"#).unwrap();
+        assert_eq!(s[0].default_route, Some(vec![]));
+        assert_eq!(s[1].default_route, None);
+    }
+
+    #[test]
+    fn the_default_network_annotation_names_exactly_one_network() {
+        assert_eq!(parse_default_network("kube-system/net1").unwrap().namespace.as_deref(), Some("kube-system"));
+        assert_eq!(parse_default_network(r#"[{"name":"net1"}]"#).unwrap().name, "net1");
+        let e = parse_default_network("net1,net2").unwrap_err();
+        assert!(e.to_string().contains("more than one default network is specified: net1,net2"), "{e}");
+        assert!(parse_default_network("").is_err());
     }
 }

@@ -533,6 +533,36 @@ impl LinkSocket {
         self.ack(&op, RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL).await
     }
 
+    /// Delete the default routes of the main table that leave through link `index`, of one
+    /// family (`v4`); returns how many went. (Multus's `default-route`: the pod's default route
+    /// goes through the attachment that asked for it.)
+    pub async fn delete_default_routes(&self, index: u32, v4: bool) -> Result<usize> {
+        let mut deleted = 0;
+        for r in self.routes(family(v4)).await? {
+            if r.dst.prefix() != 0 || r.table != MAIN_TABLE || r.oif != Some(index) {
+                continue;
+            }
+            let mut msg = RouteMessage::default();
+            msg.header.address_family = family(v4);
+            msg.header.destination_prefix_length = 0;
+            msg.header.table = u8::try_from(MAIN_TABLE).unwrap_or(COMPAT_TABLE);
+            msg.header.scope = RouteScope::from(r.scope);
+            msg.header.kind = RouteType::Unicast;
+            msg.attributes.push(RouteAttribute::Table(MAIN_TABLE));
+            msg.attributes.push(RouteAttribute::Oif(index));
+            if let Some(gw) = r.gw {
+                msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+            }
+            if let Some(m) = r.metric {
+                msg.attributes.push(RouteAttribute::Priority(m));
+            }
+            let via = r.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+            self.ack(&format!("delete default route{via}"), RouteNetlinkMessage::DelRoute(msg), 0).await?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
     /// Every route of `family`, all tables.
     pub async fn routes(&self, family: AddressFamily) -> Result<Vec<RouteSpec>> {
         let mut req = RouteMessage::default();

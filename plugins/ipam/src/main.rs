@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-use plexus_cni::{About, CniResult, Error, IpConfig, Plugin, Request, code};
+use plexus_cni::{About, CniResult, Error, Plugin, Request, code};
 use plexus_ipam::store::open as open_store;
 use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
 use serde_json::Value;
@@ -55,13 +55,25 @@ fn requested(req: &Request) -> Result<Vec<IpAddr>, Error> {
         let ip = s
             .split('/')
             .next()
-            .and_then(|a| a.trim().parse::<IpAddr>().ok())
+            .and_then(plexus_ipam::range::parse_addr)
             .ok_or_else(|| Error::invalid_config(format!("invalid {source} address {s:?}")))?;
         if !out.contains(&ip) {
             out.push(ip);
         }
     }
     Ok(out)
+}
+
+/// `CNI_ARGS` `GATEWAY=` (comma-separated, whereabouts): gateways for the result's addresses.
+fn cni_gateways(req: &Request) -> Result<Vec<IpAddr>, Error> {
+    let Some(list) = req.env.args.get("GATEWAY") else { return Ok(Vec::new()) };
+    list.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|g| {
+            plexus_ipam::range::parse_addr(g)
+                .ok_or_else(|| Error::invalid_config(format!("invalid CNI_ARGS GATEWAY {g:?}: not an IP address")))
+        })
+        .collect()
 }
 
 /// Match each requested address to the range that may hand it out.
@@ -90,16 +102,7 @@ impl Plugin for Ipam {
             overlapping: cfg.overlapping,
         })?;
         tracing::debug!(?ips, "allocated");
-        Ok(CniResult {
-            interfaces: Vec::new(),
-            ips: ips
-                .iter()
-                .zip(&cfg.ranges)
-                .map(|(ip, r)| IpConfig { interface: None, address: r.with_prefix(*ip), gateway: r.gateway })
-                .collect(),
-            routes: cfg.routes.clone(),
-            dns: cfg.dns.clone(),
-        })
+        Ok(cfg.result(&ips, &cni_gateways(req)?))
     }
 
     fn del(&self, req: &Request) -> Result<(), Error> {

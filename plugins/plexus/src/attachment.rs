@@ -34,6 +34,9 @@ pub struct Attachment {
     pub resource_name: Option<String>,
     #[serde(default)]
     pub device_id: Option<String>,
+    /// The selection's `default-route` gateways; present (even empty) when it had the key.
+    #[serde(default, rename = "defaultRoute", skip_serializing_if = "Option::is_none")]
+    pub default_route: Option<Vec<std::net::IpAddr>>,
 }
 
 /// What a delegate config may not carry through plexus (a NAD is tenant-written): its own
@@ -103,6 +106,11 @@ impl Attachment {
     /// ADD: the chain in order, each plugin given the previous result; returns the final result.
     pub fn add(&self, base: &CniEnv) -> Result<(CniResult, Value), Error> {
         runtime::add(&self.list()?, &self.capability_args, &self.env(base))
+    }
+
+    /// A result as this attachment's chain prints it (its list's version), for the cache.
+    pub fn render(&self, result: &CniResult) -> Result<Value, Error> {
+        result.to_value(self.list()?.version()?)
     }
 
     /// DEL: the chain in reverse, each plugin given the cached result; keeps going past errors.

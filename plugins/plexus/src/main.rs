@@ -12,6 +12,7 @@ mod attachment;
 mod cache;
 mod conf;
 mod plan;
+mod pod;
 
 use std::process::ExitCode;
 
@@ -23,6 +24,7 @@ use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Policy, Reque
 use plexus_k8s::api::ApiClient;
 use plexus_k8s::nad::{DirSource, NadSource};
 use plexus_k8s::{K8sError, Nad, status};
+use pod::PodNetns;
 use serde_json::Value;
 
 struct Meta;
@@ -73,9 +75,15 @@ impl Cluster {
                             pod.namespace, pod.name, p.uid, pod.uid
                         )));
                     }
-                    Ok(SelectionSource::Annotation(plexus_k8s::api::selection_annotation(&p)))
+                    Ok(SelectionSource::Annotation {
+                        networks: plexus_k8s::api::selection_annotation(&p),
+                        default_network: plexus_k8s::api::default_network_annotation(&p),
+                    })
                 }
-                None => Ok(SelectionSource::Annotation(None)),
+                // Unlike Multus (a fake result, nothing attached): a pod the API does not know
+                // (a static pod before its mirror pod exists, or one already deleted) still gets
+                // the cluster and default networks, only no annotation-selected ones.
+                None => Ok(SelectionSource::Annotation { networks: None, default_network: None }),
             },
             _ => Ok(SelectionSource::Config(conf.networks.as_deref())),
         }
@@ -154,6 +162,22 @@ fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], result
     Ok(api.set_network_status(&pod.namespace, &pod.name, &all)?)
 }
 
+/// The selection's `default-route`s applied in the pod; the results that changed are recorded
+/// again in the cache (a later record replaces an earlier one), so CHECK and DEL see them.
+fn apply_default_routes(
+    pod: &PodNetns,
+    cache_path: &std::path::Path,
+    attachments: &mut [Attachment],
+    results: &mut [CniResult],
+) -> Result<(), Error> {
+    for i in pod.apply_default_routes(attachments, results)? {
+        let raw = attachments[i].render(&results[i])?;
+        cache::record_result(cache_path, i, &raw)?;
+        attachments[i].result = Some(raw);
+    }
+    Ok(())
+}
+
 /// The device plugin's device-info, copied where the delegate will look (spec §5); a delegate
 /// that finds none may write its own.
 fn copy_device_info(a: &Attachment) -> Result<(), Error> {
@@ -203,6 +227,10 @@ impl Plugin for Meta {
         if state.attachments.is_empty() {
             return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
         }
+        // Before any delegate runs, as Multus: the pod's namespace exists and has none of the
+        // interface names asked for.
+        let pod_netns = PodNetns::open(req.netns().expect("ADD has CNI_NETNS"))?;
+        pod_netns.refuse_taken_names(&state.attachments)?;
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
         // Before any delegate runs: a crash from here on leaves what DEL needs.
         cache::save(&cache_path, &state)?;
@@ -231,13 +259,18 @@ impl Plugin for Meta {
                 }
             }
         }
-        if let Err(e) = write_status(&cluster, &pod, &state.attachments, &results) {
+        let finished = apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
+            .map_err(|e| e.context("default-route"))
+            .and_then(|()| {
+                write_status(&cluster, &pod, &state.attachments, &results).map_err(|e| e.context("set network-status"))
+            });
+        if let Err(e) = finished {
             let rollback = delete_all(&state.attachments, &base, &req.policy);
             if !rollback.is_empty() {
-                tracing::error!("rollback after the network-status update failed: {}", rollback.join("; "));
+                tracing::error!("rollback after {} failed: {}", e.msg, rollback.join("; "));
             }
             let _ = files::remove_if_present(&cache_path);
-            return Err(e.context("set network-status"));
+            return Err(e);
         }
         let master = state.attachments.iter().position(|a| a.master);
         Ok(match master {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use plexus_cni::{Error, Request};
 use plexus_k8s::nad::{self, NadSource};
+use plexus_k8s::selection::parse_default_network;
 use plexus_k8s::{K8sError, NetworkSelection, checkpoint, parse_selections};
 use serde_json::{Map, Value};
 
@@ -53,9 +54,10 @@ impl Pod {
     }
 }
 
-/// Where the selection comes from: the pod annotation (API) or the config's `networks`.
+/// Where the selection comes from: the pod's annotations (API: `k8s.v1.cni.cncf.io/networks`
+/// and `v1.multus-cni.io/default-network`) or the config's `networks`.
 pub enum SelectionSource<'a> {
-    Annotation(Option<String>),
+    Annotation { networks: Option<String>, default_network: Option<String> },
     Config(Option<&'a str>),
 }
 
@@ -121,6 +123,24 @@ fn selection_caps(sel: &NetworkSelection) -> Map<String, Value> {
     caps
 }
 
+/// Multus's rule: at most one IPv4 and one IPv6 gateway across every `default-route` of the pod
+/// (a default route through two attachments would be ECMP).
+fn check_default_routes(selections: &[NetworkSelection]) -> Result<(), Error> {
+    let gateways: Vec<_> = selections.iter().flat_map(|s| s.default_route.iter().flatten()).collect();
+    for (family, v4) in [("IPv4", true), ("IPv6", false)] {
+        let of_family: Vec<String> = gateways.iter().filter(|g| g.is_ipv4() == v4).map(|g| g.to_string()).collect();
+        if of_family.len() > 1 {
+            return Err(Error::invalid_config(format!(
+                "default-route: {} {family} gateways across the selection ({}): one default route per family \
+                 (ECMP is not supported, as in Multus)",
+                of_family.len(),
+                of_family.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The `n`-th device the kubelet allocated to the pod for `resource` (sorted): the NAD
 /// `ns/name` asks for one, so none is an error.
 fn kubelet_device(conf: &MetaConf, pod: &Pod, ns: &str, name: &str, resource: &str, n: usize) -> Result<String, Error> {
@@ -174,12 +194,17 @@ pub fn plan(
             device_info_file: None,
             resource_name: None,
             device_id: None,
+            default_route: None,
         });
     };
-    let selections = match selection {
-        SelectionSource::Annotation(a) => parse_selections(a.as_deref().unwrap_or_default())?,
-        SelectionSource::Config(c) => parse_selections(c.unwrap_or_default())?,
+    let (selections, default_network) = match selection {
+        SelectionSource::Annotation { networks, default_network } => (
+            parse_selections(networks.as_deref().unwrap_or_default())?,
+            default_network.as_deref().map(parse_default_network).transpose()?,
+        ),
+        SelectionSource::Config(c) => (parse_selections(c.unwrap_or_default())?, None),
     };
+    check_default_routes(&selections)?;
     let cluster_network = conf.cluster_network.as_deref().filter(|c| !c.is_empty());
     let default_networks: &[String] =
         if conf.system_namespaces.contains(&pod.namespace) { &[] } else { &conf.default_networks };
@@ -194,13 +219,30 @@ pub fn plan(
         ))
         .with_details(format!("maxAttachments (policy: {})", req.policy.source)));
     }
+    // The pod's default-network annotation replaces the cluster network (or the first inline
+    // delegate); it is looked up in multusNamespace unless it names a namespace (Multus).
+    let replacement = match &default_network {
+        Some(sel) => {
+            let ns = sel.namespace_or(&conf.multus_namespace).to_string();
+            let v = nads.nad(&ns, &sel.name)?.cni_config(&conf.conf_dir)?;
+            Some((format!("{ns}/{}", sel.name), v))
+        }
+        None => None,
+    };
+    let mut replacement = replacement;
     if let Some(cn) = cluster_network {
-        let (name, v) = resolve_network(cn, conf, nads)?;
+        let (name, v) = match replacement.take() {
+            Some(r) => r,
+            None => resolve_network(cn, conf, nads)?,
+        };
         push(&mut out, name, v, true, Map::new(), None);
     }
     for (i, d) in conf.delegates.iter().enumerate() {
-        let name = d.get("name").and_then(Value::as_str).unwrap_or("delegate").to_string();
-        push(&mut out, name, d.clone(), i == 0, Map::new(), None);
+        let (name, v) = match replacement.take().filter(|_| i == 0) {
+            Some(r) => r,
+            None => (d.get("name").and_then(Value::as_str).unwrap_or("delegate").to_string(), d.clone()),
+        };
+        push(&mut out, name, v, i == 0, Map::new(), None);
     }
     for dn in default_networks {
         let (name, v) = resolve_network(dn, conf, nads)?;
@@ -241,6 +283,7 @@ pub fn plan(
         }
         let network = format!("{ns}/{}", sel.name);
         push(&mut out, network, v, false, caps, sel.interface.clone());
+        out.last_mut().expect("just pushed").default_route = sel.default_route.clone();
         if device.is_some() {
             let a = out.last_mut().expect("just pushed");
             let file = req.policy.device_info_dir.join(format!(
