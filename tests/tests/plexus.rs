@@ -276,3 +276,87 @@ fn status_and_gc_reach_every_delegate_network() {
     assert_eq!(s.held_addresses(), 0);
     assert!(!s.cache_dir().join("pod1").exists());
 }
+
+// Multus's checks before any delegate runs, and its default-route.
+
+#[test]
+fn a_cni_netns_that_does_not_exist_is_refused_before_any_delegate_runs() {
+    let s = Standalone::new();
+    let out = PluginRun::new(plugin_bin("plexus"), "ADD")
+        .attachment("pod1", Path::new("/var/run/netns/plexus-no-such-ns"), "eth0", &bin_dir().display().to_string())
+        .stdin(&s.conf("rail0"))
+        .in_netns(&s.lab.node)
+        .run();
+    let (code, msg, _) = out.error();
+    assert_eq!(code, 8);
+    assert!(msg.starts_with("CNI_NETNS \"/var/run/netns/plexus-no-such-ns\""), "{msg}");
+    assert_eq!(s.held_addresses(), 0, "no delegate ran");
+    assert!(!s.cache_dir().join("pod1").exists());
+}
+
+#[test]
+fn an_interface_name_the_pod_already_has_is_refused_before_any_delegate_runs() {
+    let s = Standalone::new();
+    s.lab.pod.ip(&["link", "add", "net2", "type", "veth", "peer", "name", "other"]);
+    let (code, msg, _) = s.run("ADD", &s.conf("rail0,rail1")).error();
+    assert_eq!(
+        (code, msg.as_str()),
+        (103, "network default/rail1: interface \"net2\" already exists in the container")
+    );
+    assert!(s.lab.pod.link("net1").is_none(), "rail0 never ran");
+    assert_eq!(s.held_addresses(), 0);
+    assert!(s.lab.pod.link("net2").is_some(), "the pod's own link is untouched");
+}
+
+#[test]
+fn default_route_moves_the_pods_default_route_to_the_attachment_that_names_a_gateway() {
+    let s = Standalone::new();
+    // gw0 installs a default route through net1, as its IPAM says.
+    s.nad(
+        "gw0",
+        "default",
+        json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.24.0/24", "gateway": "198.18.24.254",
+                 "routes": [{"dst": "0.0.0.0/0"}], "dataDir": s.ipam_dir()}}),
+    );
+    let defaults = || -> Vec<(Option<String>, Option<String>)> {
+        s.lab.pod.routes().into_iter().filter(|r| r.dst == "default").map(|r| (r.gateway, r.dev)).collect()
+    };
+    // Without default-route, Multus leaves routes alone: gw0's default route stays.
+    assert!(s.run("ADD", &s.conf("gw0,rail1")).success());
+    assert_eq!(defaults(), [(Some("198.18.24.254".into()), Some("net1".into()))]);
+    assert!(s.run("DEL", &s.conf("gw0,rail1")).success());
+    // With it, the default route goes through rail1's gateway, and the results say so.
+    let c = s.conf(r#"[{"name":"gw0"},{"name":"rail1","default-route":["198.18.21.254"]}]"#);
+    let r = s.run("ADD", &c).result();
+    assert_eq!(defaults(), [(Some("198.18.21.254".into()), Some("net2".into()))]);
+    let routes = r["routes"].as_array().unwrap();
+    assert_eq!(routes.as_slice(), [json!({"dst": "0.0.0.0/0", "gw": "198.18.21.254"})], "{r}");
+    // The cache holds the changed results (CHECK and DEL read them).
+    let bytes = std::fs::read(s.cache_dir().join("pod1")).unwrap();
+    let records: Vec<Value> = serde_json::Deserializer::from_slice(&bytes).into_iter().map(Result::unwrap).collect();
+    let last_of = |i: u64| records.iter().rev().find(|v| v["attachment"] == i).unwrap()["result"].clone();
+    assert_eq!(last_of(0)["routes"], json!(null), "gw0's default route is gone from its result: {}", last_of(0));
+    assert_eq!(last_of(1)["routes"], json!([{"dst": "0.0.0.0/0", "gw": "198.18.21.254"}]));
+    assert!(s.run("CHECK", &c).success());
+    assert!(s.run("DEL", &c).success());
+    assert_eq!(s.pod_links(), ["lo"]);
+    // An empty list still manages default routes: none is left.
+    let c = s.conf(r#"[{"name":"gw0","default-route":[]}]"#);
+    assert!(s.run("ADD", &c).success());
+    assert!(defaults().is_empty());
+    assert!(s.run("DEL", &c).success());
+}
+
+#[test]
+fn two_default_route_gateways_of_one_family_are_refused_before_any_delegate_runs() {
+    let s = Standalone::new();
+    let c = s.conf(
+        r#"[{"name":"rail0","default-route":["198.18.20.254"]},{"name":"rail1","default-route":["198.18.21.254"]}]"#,
+    );
+    let (code, msg, _) = s.run("ADD", &c).error();
+    assert_eq!(code, 7);
+    assert!(msg.contains("2 IPv4 gateways across the selection (198.18.20.254, 198.18.21.254)"), "{msg}");
+    assert_eq!(s.pod_links(), ["lo"]);
+    assert_eq!(s.held_addresses(), 0);
+}

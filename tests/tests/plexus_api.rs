@@ -224,3 +224,46 @@ fn a_rotated_token_in_a_token_file_is_picked_up_by_the_next_call() {
     assert!(c.run("ADD", &conf).success(), "the new token is read on the next invocation");
     assert_eq!(c.api.patches().len(), 2, "both ADDs wrote network-status with their token");
 }
+
+#[test]
+fn the_default_network_annotation_replaces_the_cluster_network_for_that_pod() {
+    let c = Cluster::new("rail1");
+    // The cluster network is kube-system/cluster (nic0); the pod asks for kube-system/alt (nic1)
+    // as its default network.
+    let ipam = |range: &str| json!({"type": "plexus-ipam", "range": range, "dataDir": c.ipam_dir()});
+    c.api.add_nad(
+        "kube-system",
+        "cluster",
+        &json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0", "ipam": ipam("198.18.32.0/24")}),
+        json!({}),
+    );
+    c.api.add_nad(
+        "kube-system",
+        "alt",
+        &json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic1", "ipam": ipam("198.18.33.0/24")}),
+        json!({}),
+    );
+    c.api.add_pod(
+        "ml",
+        "trainer-0",
+        "uid-1",
+        json!({"k8s.v1.cni.cncf.io/networks": "rail0", "v1.multus-cni.io/default-network": "alt"}),
+    );
+    let mut conf = c.conf();
+    conf["clusterNetwork"] = json!("cluster");
+    let r = c.run("ADD", &conf).result();
+    assert_eq!(r["ips"][0]["address"], "198.18.33.1/24", "the runtime gets the replacement's result");
+    assert_eq!(c.lab.pod.addrs("eth0")[0].cidr(), "198.18.33.1/24");
+    assert_eq!(c.lab.pod.addrs("net1")[0].cidr(), "198.18.30.1/24");
+    let text = c.api.patches()[0].1["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].clone();
+    let status: Value = serde_json::from_str(text.as_str().unwrap()).unwrap();
+    assert_eq!((status[0]["name"].as_str(), status[0]["default"].as_bool()), (Some("kube-system/alt"), Some(true)));
+    assert!(c.run("DEL", &conf).success());
+    assert_eq!((c.pod_links(), c.held()), (vec!["lo".to_string()], 0));
+    // Two networks in it: refused, naming the annotation.
+    c.api.add_pod("ml", "trainer-0", "uid-1", json!({"v1.multus-cni.io/default-network": "alt,cluster"}));
+    let (code, msg, _) = c.run("ADD", &conf).error();
+    assert_eq!(code, 7);
+    assert!(msg.contains("more than one default network is specified: alt,cluster"), "{msg}");
+    assert_eq!(c.pod_links(), ["lo"]);
+}
