@@ -56,10 +56,13 @@ fn bounds(ipam: Value) -> (String, String) {
     (r.addr(r.first).to_string(), r.addr(r.last).to_string())
 }
 
+/// (case, IPAM config, addresses held first, the new attachment's address or an error excerpt)
+type AllocCase = (&'static str, Value, &'static [&'static str], Result<&'static str, &'static str>);
+
 #[test]
 fn allocate_test_cases_hand_out_the_same_first_address() {
     // pkg/allocate/allocate_test.go: 22 cases (the reserve-list cases are the "hole" rows).
-    let cases: &[(&str, Value, &[&str], Result<&str, &str>)] = &[
+    let cases: &[AllocCase] = &[
         ("v4 basic, host bits", json!({"range": "192.168.1.1/24"}), &[], Ok("192.168.1.1")),
         ("v6 no leading zero", json!({"range": "caa5::0/112"}), &[], Ok("caa5::1")),
         ("v6 all-zero first hextet", json!({"range": "::1/126"}), &[], Ok("::1")),

@@ -100,9 +100,12 @@ impl MetaConf {
             ))
             .with_details("a network's \"type\" may not be the meta-plugin"));
         }
-        let conf: MetaConf = req.config_as()?;
+        let mut conf: MetaConf = req.config_as()?;
         if conf.cluster_network.as_deref().is_some_and(|c| !c.is_empty()) && !conf.delegates.is_empty() {
-            return Err(Error::invalid_config("\"clusterNetwork\" and \"delegates\" are mutually exclusive"));
+            // Multus ignores "delegates" when "clusterNetwork" is set: a config that works
+            // there works here.
+            tracing::warn!("\"delegates\" ignored: \"clusterNetwork\" is set (as Multus does)");
+            conf.delegates.clear();
         }
         Ok(conf)
     }
