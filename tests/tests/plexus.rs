@@ -360,3 +360,39 @@ fn two_default_route_gateways_of_one_family_are_refused_before_any_delegate_runs
     assert_eq!(s.pod_links(), ["lo"]);
     assert_eq!(s.held_addresses(), 0);
 }
+
+#[test]
+fn ips_and_mac_requests_also_reach_the_delegate_as_cni_args_as_multus_passes_them() {
+    let s = Standalone::new();
+    let spy_dir = tempfile::tempdir().unwrap();
+    let spy = spy_dir.path().join("spy-args");
+    std::fs::write(
+        &spy,
+        format!(
+            "#!/bin/sh\necho \"$CNI_ARGS\" > {d}/$CNI_IFNAME.$CNI_COMMAND.args\n[ \"$CNI_COMMAND\" = ADD ] && echo '{{\"cniVersion\":\"1.0.0\"}}'\nexit 0\n",
+            d = spy_dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&spy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    s.nad("spied", "default", json!({"cniVersion": "1.0.0", "type": "spy-args"}));
+    let c = s.conf(r#"[{"name":"spied","ips":["198.18.25.7/24"],"mac":"02:00:00:00:00:07"},{"name":"spied"}]"#);
+    let path = format!("{}:{}", spy_dir.path().display(), bin_dir().display());
+    let run = |verb: &str| {
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &s.lab.pod.path(), "eth0", &path)
+            .stdin(&c)
+            .in_netns(&s.lab.node)
+            .run()
+    };
+    assert!(run("ADD").success());
+    let args = |f: &str| std::fs::read_to_string(spy_dir.path().join(f)).unwrap().trim().to_string();
+    assert_eq!(args("net1.ADD.args"), "IgnoreUnknown=true;IP=198.18.25.7/24;MAC=02:00:00:00:00:07");
+    assert_eq!(args("net2.ADD.args"), "", "nothing asked, nothing added");
+    assert!(run("DEL").success());
+    assert_eq!(
+        args("net1.DEL.args"),
+        "IgnoreUnknown=true;IP=198.18.25.7/24;MAC=02:00:00:00:00:07",
+        "DEL from the cache too"
+    );
+}

@@ -34,6 +34,11 @@ pub struct Attachment {
     pub resource_name: Option<String>,
     #[serde(default)]
     pub device_id: Option<String>,
+    /// `CNI_ARGS` this attachment's delegate gets besides the pod's: `IP=` and `MAC=` when the
+    /// selection asked for addresses or a MAC (as Multus does, for plugins that read `CNI_ARGS`
+    /// rather than the `ips`/`mac` capabilities).
+    #[serde(default, rename = "cniArgs", skip_serializing_if = "Vec::is_empty")]
+    pub cni_args: Vec<(String, String)>,
     /// The selection's `default-route` gateways; present (even empty) when it had the key.
     #[serde(default, rename = "defaultRoute", skip_serializing_if = "Option::is_none")]
     pub default_route: Option<Vec<std::net::IpAddr>>,
@@ -96,7 +101,14 @@ impl Attachment {
     }
 
     fn env(&self, base: &CniEnv) -> CniEnv {
-        CniEnv { ifname: self.ifname.clone(), ..base.clone() }
+        let mut env = CniEnv { ifname: self.ifname.clone(), ..base.clone() };
+        if !self.cni_args.is_empty() {
+            env.args.set("IgnoreUnknown", "true");
+            for (k, v) in &self.cni_args {
+                env.args.set(k, v);
+            }
+        }
+        env
     }
 
     fn named(&self, e: Error) -> Error {

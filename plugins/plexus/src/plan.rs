@@ -195,6 +195,7 @@ pub fn plan(
             resource_name: None,
             device_id: None,
             default_route: None,
+            cni_args: Vec::new(),
         });
     };
     let (selections, default_network) = match selection {
@@ -283,7 +284,14 @@ pub fn plan(
         }
         let network = format!("{ns}/{}", sel.name);
         push(&mut out, network, v, false, caps, sel.interface.clone());
-        out.last_mut().expect("just pushed").default_route = sel.default_route.clone();
+        let a = out.last_mut().expect("just pushed");
+        a.default_route = sel.default_route.clone();
+        if !sel.ips.is_empty() {
+            a.cni_args.push(("IP".into(), sel.ips.join(",")));
+        }
+        if let Some(mac) = &sel.mac {
+            a.cni_args.push(("MAC".into(), mac.clone()));
+        }
         if device.is_some() {
             let a = out.last_mut().expect("just pushed");
             let file = req.policy.device_info_dir.join(format!(
