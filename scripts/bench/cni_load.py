@@ -25,6 +25,8 @@ path = os.path.dirname(os.path.abspath(a.plugin)) + ":/usr/lib/cni"
 def call(verb, i):
     env = {"CNI_COMMAND": verb, "CNI_CONTAINERID": f"{a.prefix}{i}", "CNI_NETNS": a.netns,
            "CNI_IFNAME": "net1", "CNI_PATH": path, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if "PLEXUS_POLICY" in os.environ:  # the node policy the runtime's environment names
+        env["PLEXUS_POLICY"] = os.environ["PLEXUS_POLICY"]
     t = time.perf_counter()
     r = subprocess.run([a.plugin], input=confs[i % len(confs)], env=env, capture_output=True)
     dt = time.perf_counter() - t

@@ -483,3 +483,32 @@ fn devices_and_pci_addresses_off_the_allow_lists_are_refused_and_the_device_stay
     assert!(rig.run_as("DEL", "net1", &c, &policy).success());
     assert_eq!(rig.host("ens1f0"), before);
 }
+
+#[test]
+fn a_state_dir_that_fills_up_during_add_fails_the_add_and_gives_the_device_back() {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    let rig = Rig::new();
+    let before = rig.host("ens1f0");
+    let state = rig.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // Two pages: one filled here, one for the first state write; the second write has none.
+    mount(Some("tmpfs"), &state, Some("tmpfs"), MsFlags::empty(), Some("size=8k,mode=0700")).unwrap();
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = umount2(&self.0, MntFlags::MNT_DETACH);
+        }
+    }
+    let _guard = Unmount(state.clone());
+    std::fs::write(state.join("filler"), vec![0u8; 4096]).unwrap();
+    let c = rig.conf("1.0.0", json!({"device": "ens1f0"}));
+    let (code, msg, _) = rig.run("ADD", &c).error();
+    assert_eq!(code, 5, "{msg}");
+    assert!(msg.contains("No space left on device"), "{msg}");
+    assert_eq!(rig.host("ens1f0"), before, "the device is back, as it was");
+    assert!(rig.lab.pod.link("net1").is_none());
+    assert!(!state.join("ctr1=net1").exists(), "no state file is left to be trusted later");
+    let held = std::fs::read_dir(rig.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(held, 0, "the address was released");
+    assert!(rig.run("DEL", &c).success());
+}

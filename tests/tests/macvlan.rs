@@ -487,3 +487,31 @@ fn check_status_and_gc_are_forwarded_to_the_ipam_plugin() {
     assert!(del.in_netns(&lab.node).run().success());
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "ADD\nCHECK\nSTATUS\nGC\nDEL\n");
 }
+
+#[test]
+fn del_removes_a_macvlan_a_killed_add_left_under_the_attachments_temporary_name() {
+    let lab = lab();
+    // What plexus-macvlan leaves when it is killed between creating the link and renaming it:
+    // a macvlan under the attachment's own temporary name.
+    let tag = plexus_cni::env::attachment_tag("ctr1", "net1");
+    let temp = format!("plx{}", &tag[..12]);
+    lab.node.ip(&["link", "add", &temp, "link", "nic0", "type", "macvlan", "mode", "bridge"]);
+    lab.node.ip(&["link", "set", &temp, "netns", lab.pod.name()]);
+    assert!(lab.pod.link(&temp).is_some());
+    let c = conf("1.0.0", json!({}));
+    assert!(ours(&lab, "DEL", &c).success());
+    assert!(lab.pod.link(&temp).is_none(), "DEL found it by its name");
+    // Another attachment's temporary name is not this attachment's business.
+    let other = format!("plx{}", &plexus_cni::env::attachment_tag("ctr2", "net1")[..12]);
+    lab.node.ip(&["link", "add", &other, "link", "nic0", "type", "macvlan", "mode", "bridge"]);
+    lab.node.ip(&["link", "set", &other, "netns", lab.pod.name()]);
+    assert!(ours(&lab, "DEL", &c).success());
+    assert!(lab.pod.link(&other).is_some());
+    // And an ADD is not hindered by such a leftover.
+    lab.pod.ip(&["link", "del", &other]);
+    lab.node.ip(&["link", "add", &temp, "link", "nic0", "type", "macvlan", "mode", "bridge"]);
+    lab.node.ip(&["link", "set", &temp, "netns", lab.pod.name()]);
+    assert!(ours(&lab, "ADD", &c).success(), "a random temporary name is tried next");
+    assert!(ours(&lab, "DEL", &c).success());
+    assert_eq!(lab.pod.links().len(), 1, "only lo: the leftover went with the DEL too");
+}

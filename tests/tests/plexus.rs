@@ -396,3 +396,34 @@ fn ips_and_mac_requests_also_reach_the_delegate_as_cni_args_as_multus_passes_the
         "DEL from the cache too"
     );
 }
+
+#[test]
+fn del_removes_the_cache_temp_files_a_killed_plexus_left_and_succeeds_on_a_read_only_cache_dir() {
+    let s = Standalone::new();
+    let c = s.conf("rail0");
+    assert!(s.run("ADD", &c).success());
+    // A plexus killed while it replaced the cache leaves `.<containerID>.tmp<pid>`.
+    let leftover = s.cache_dir().join(".pod1.tmp4242");
+    let other = s.cache_dir().join(".pod2.tmp4242");
+    std::fs::write(&leftover, b"{").unwrap();
+    std::fs::write(&other, b"{").unwrap();
+    assert!(s.run("DEL", &c).success());
+    assert!(!leftover.exists(), "DEL removes its container's leftovers");
+    assert!(other.exists(), "and only those");
+    assert_eq!(s.held_addresses(), 0);
+    // A read-only cache directory holding nothing for the container: DEL still succeeds.
+    std::fs::remove_file(&other).unwrap();
+    let cache = s.cache_dir();
+    nix::mount::mount(Some(&cache), &cache, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _guard = Unmount(cache.clone());
+    let ro = nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REMOUNT | nix::mount::MsFlags::MS_RDONLY;
+    nix::mount::mount(None::<&str>, &cache, None::<&str>, ro, None::<&str>).unwrap();
+    let out = s.run("DEL", &c);
+    assert!(out.success(), "{}", out.stdout);
+}

@@ -119,6 +119,15 @@ impl CniEnv {
     }
 }
 
+/// A short, stable name of one attachment (container ID, interface name): 16 hex digits of a
+/// SHA-256, for marks a plugin leaves in the kernel (a moved device's alias, a macvlan's temporary
+/// name) so that DEL finds exactly what that attachment left, even after a crash mid-ADD.
+pub fn attachment_tag(container_id: &str, ifname: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{container_id}={ifname}").as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn is_cni_name(s: &str) -> bool {
     // libcni pkg/utils: ^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$
     let mut chars = s.chars();

@@ -197,10 +197,13 @@ fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result
     Ok(())
 }
 
-/// Remove `path`; a file that is already gone is success.
+/// Remove `path`; a file that is already gone is success — also on a read-only file system, where
+/// `unlink` answers EROFS before it looks the name up.
 pub fn remove_if_present(path: &Path) -> Result<(), Error> {
     match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!("remove {}: {e}", path.display()))),
+        Err(e) if e.kind() != ErrorKind::NotFound && fs::symlink_metadata(path).is_ok() => {
+            Err(Error::io(format!("remove {}: {e}", path.display())))
+        }
         _ => Ok(()),
     }
 }

@@ -108,17 +108,18 @@ impl Plugin for HostDevice {
                 .link(ifname)
                 .await?
                 .ok_or_else(|| Error::kernel(format!("{} is not in the pod after the move", link.name)))?;
+            // The state rewritten with what the attachment added, and the device-info file, are
+            // part of the ADD: a failure of either (a full disk) rolls everything back too.
             let attached =
                 attach(req, &conf, &pod, &pod_sock, &moved, &mut ipam, &mut host, hw.rdma_device.as_deref(), l2_only)
-                    .await;
+                    .await
+                    .and_then(|result| state::save(&state_path, &host).map(|()| result))
+                    .and_then(|result| match (&info_file, device_info_pci(&hw)) {
+                        (Some(path), Some(doc)) => write_device_info(path, &doc).map(|()| result),
+                        _ => Ok(result),
+                    });
             match attached {
                 Ok(mut result) => {
-                    state::save(&state_path, &host)?;
-                    if let Some(path) = &info_file
-                        && let Some(doc) = device_info_pci(&hw)
-                    {
-                        write_device_info(path, &doc)?;
-                    }
                     result.interfaces = vec![result_interface(ifname, Some(&moved), &pod, hw.pci_address.clone())];
                     Ok(result)
                 }
@@ -135,6 +136,9 @@ impl Plugin for HostDevice {
                         tracing::error!("rollback: {back}");
                     }
                     let _ = files::remove_if_present(&state_path);
+                    if let Some(path) = &info_file {
+                        let _ = files::remove_if_present(path);
+                    }
                     Err(e)
                 }
             }

@@ -9,7 +9,6 @@ use plexus_cni::files::SafeDir;
 use plexus_cni::{Error, files};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// The alias a moved device carries: `plexus-host-device:<host name>:<attachment tag>`, so DEL
 /// can find and name it even without the state file (and after the pod renamed it, or the kernel
@@ -17,11 +16,8 @@ use sha2::{Digest, Sha256};
 /// attachment. Netdev names cannot contain `:`.
 pub const ALIAS_PREFIX: &str = "plexus-host-device:";
 
-/// The attachment (container ID, ifname) a marker names: 16 hex digits of a SHA-256.
-pub fn attachment_tag(container_id: &str, ifname: &str) -> String {
-    let digest = Sha256::digest(format!("{container_id}={ifname}").as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
-}
+/// The attachment (container ID, ifname) a marker names.
+pub use plexus_cni::env::attachment_tag;
 
 /// The host name a marker alias records.
 pub fn host_name_of(alias: &str) -> Option<&str> {

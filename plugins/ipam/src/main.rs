@@ -114,7 +114,11 @@ impl Plugin for Ipam {
             }
             other => other?,
         };
-        let released = open_store(&cfg)?.release(&req.env.container_id, &req.env.ifname)?;
+        let Some(store) = plexus_ipam::store::open_for_release(&cfg)? else {
+            tracing::debug!("no store yet: nothing to release");
+            return Ok(());
+        };
+        let released = store.release(&req.env.container_id, &req.env.ifname)?;
         tracing::debug!(?released, "released");
         Ok(())
     }

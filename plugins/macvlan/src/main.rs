@@ -67,7 +67,7 @@ impl Plugin for Macvlan {
                 netns: (!conf.link_in_container).then_some(&pod),
             };
             let mut ipam = IpamStep::start_early(&req.env, &req.config)?;
-            let link = match create_under_temp_name(master_sock, &pod_sock, &spec).await {
+            let link = match create_under_temp_name(&req.env, master_sock, &pod_sock, &spec).await {
                 Ok(link) => link,
                 Err(e) => {
                     ipam.roll_back(&req.env, &req.config);
@@ -97,7 +97,7 @@ impl Plugin for Macvlan {
         del_with_ipam(req, || {
             remove_device_info(req)?;
             match req.netns() {
-                Some(path) => delete_link(&conf, path, &req.env.ifname),
+                Some(path) => delete_link(&conf, path, &req.env),
                 None => Ok(()),
             }
         })
@@ -147,20 +147,31 @@ async fn find_master(sock: &LinkSocket, conf: &MacvlanConf) -> Result<Link, Erro
     }
 }
 
-fn temp_name() -> String {
+/// The temporary name of attempt `attempt`: first the attachment's own (`plx` + its tag), so a
+/// DEL finds a macvlan a killed ADD left under it; then random ones if that name is taken.
+fn temp_name(env: &plexus_cni::CniEnv, attempt: usize) -> String {
+    if attempt == 1 {
+        return own_temp_name(env);
+    }
     let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
     format!("plx{:08x}", random as u32)
+}
+
+fn own_temp_name(env: &plexus_cni::CniEnv) -> String {
+    let tag = plexus_cni::env::attachment_tag(&env.container_id, &env.ifname);
+    format!("plx{}", &tag[..12])
 }
 
 /// Create the macvlan under a temporary name (a name clash is retried with another), and find it
 /// in the pod namespace.
 async fn create_under_temp_name(
+    env: &plexus_cni::CniEnv,
     create_sock: &LinkSocket,
     pod_sock: &LinkSocket,
     spec: &NewMacvlan<'_>,
 ) -> Result<Link, Error> {
     for attempt in 1..=TEMP_NAME_ATTEMPTS {
-        let name = temp_name();
+        let name = temp_name(env, attempt);
         match create_sock.add_macvlan(&NewMacvlan { name: &name, ..spec.clone() }).await {
             Ok(()) => {
                 return pod_sock.link(&name).await?.ok_or_else(|| {
@@ -245,7 +256,8 @@ async fn undo_add(req: &Request, conf: &MacvlanConf, sock: &LinkSocket, link: &L
 }
 
 /// DEL's kernel part: succeeds when the namespace or the link is already gone.
-fn delete_link(conf: &MacvlanConf, netns: &std::path::Path, ifname: &str) -> Result<(), Error> {
+fn delete_link(conf: &MacvlanConf, netns: &std::path::Path, env: &plexus_cni::CniEnv) -> Result<(), Error> {
+    let ifname = env.ifname.as_str();
     let pod = match Netns::open(netns) {
         Ok(ns) => ns,
         Err(e) if e.is_not_found() => return Ok(()),
@@ -265,6 +277,15 @@ fn delete_link(conf: &MacvlanConf, netns: &std::path::Path, ifname: &str) -> Res
             },
             Some(link) => tracing::warn!(ifname, kind = ?link.kind, "not a macvlan: left in place"),
             None => {}
+        }
+        // A macvlan a killed ADD left under this attachment's temporary name.
+        if let Some(link) = sock.link(&own_temp_name(env)).await?
+            && link.kind.as_deref() == Some("macvlan")
+        {
+            match sock.delete_link(link.index).await {
+                Err(e) if !e.is_not_found() => return Err(Error::from(e).context(format!("delete {}", link.name))),
+                _ => tracing::info!(link = %link.name, "removed a macvlan a killed ADD left"),
+            }
         }
         if let Some(table) = conf.rail_table(ifname) {
             configure::remove_rules(&sock, table).await?;

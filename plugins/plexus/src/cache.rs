@@ -85,6 +85,32 @@ pub fn load(path: &Path) -> Result<Option<Cache>, String> {
     Ok(Some(cache))
 }
 
+/// Temp files a killed plexus left for container `container_id` (`.<containerID>.tmp<pid>`,
+/// the atomic write of its cache): DEL removes them with the cache.
+pub fn remove_leftovers(cni_dir: &Path, container_id: &str) {
+    let Ok(entries) = std::fs::read_dir(cni_dir) else { return };
+    let prefix = format!(".{container_id}.tmp");
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix(&prefix).unwrap_or_default();
+        if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) {
+            let _ = files::remove_if_present(&e.path());
+        }
+    }
+}
+
+/// GC: temp files of any container older than `age` (no write takes that long).
+pub fn remove_stale_leftovers(cni_dir: &Path, age: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(cni_dir) else { return };
+    for e in entries.flatten() {
+        let old =
+            e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok()).is_some_and(|a| a > age);
+        if old && files::is_temp_name(&e.file_name().to_string_lossy()) {
+            let _ = files::remove_if_present(&e.path());
+        }
+    }
+}
+
 /// Every cache in `cni_dir` (GC).
 pub fn all(cni_dir: &Path) -> Vec<(PathBuf, Cache)> {
     let Ok(entries) = std::fs::read_dir(cni_dir) else { return Vec::new() };
@@ -148,5 +174,27 @@ mod tests {
         std::fs::write(&path, b"{\"version\": 1, \"contain").unwrap();
         assert!(load(&path).unwrap_err().contains("c1"));
         assert!(load(&dir.path().join("none")).unwrap().is_none());
+    }
+
+    #[test]
+    fn leftovers_of_one_container_go_and_no_other_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [".c1.tmp42", ".c1.tmp7", "c1", ".c1.tmp5.tmp9", ".c2.tmp42", ".c1.tmpx"] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        remove_leftovers(dir.path(), "c1");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".c1.tmp5.tmp9", ".c1.tmpx", ".c2.tmp42", "c1"]);
+        remove_stale_leftovers(dir.path(), std::time::Duration::ZERO);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".c1.tmpx", "c1"], "every temp name, no cache");
     }
 }

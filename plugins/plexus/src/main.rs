@@ -296,6 +296,7 @@ impl Plugin for Meta {
                     Err(e) => {
                         tracing::error!("cannot rebuild the attachments, nothing deleted: {e}");
                         let _ = files::remove_if_present(&cache_path);
+                        cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
                         return Ok(());
                     }
                 }
@@ -305,6 +306,7 @@ impl Plugin for Meta {
         if errors.is_empty() || !conf.retry_delete_on_error {
             files::remove_if_present(&cache_path)?;
         }
+        cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
         if errors.is_empty() {
             Ok(())
         } else {
@@ -349,6 +351,7 @@ impl Plugin for Meta {
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
         let mut errors = Vec::new();
+        cache::remove_stale_leftovers(&conf.cni_dir, std::time::Duration::from_secs(60));
         // Attachments of containers the runtime no longer knows: DEL them from their caches.
         let mut kept = Vec::new();
         for (path, c) in cache::all(&conf.cni_dir) {

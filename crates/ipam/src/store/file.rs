@@ -56,12 +56,26 @@ impl FileStore {
     /// The store of `domain` in `data_dir`, which lies beneath `root` (the policy's data root):
     /// opened without following symlinks, created 0700 where missing.
     pub fn open(data_dir: &Path, root: &Path, domain: &str) -> Result<FileStore, IpamError> {
-        if !component_ok(domain) {
-            return Err(IpamError::Config(format!("invalid allocation domain {domain:?}")));
-        }
         let opened = |e: std::io::Error| IpamError::Store(format!("open store: {e}"));
-        let dir = SafeDir::open_beneath(root, data_dir, true).and_then(|d| d.subdir(domain, true)).map_err(opened)?;
-        let sub = |name: &str| dir.subdir(name, true).map_err(opened);
+        FileStore::open_dirs(data_dir, root, domain, true).map_err(opened)
+    }
+
+    /// The store if it exists, without creating anything (DEL on a store that was never written,
+    /// also on a read-only file system): `None` when it does not exist.
+    pub fn open_existing(data_dir: &Path, root: &Path, domain: &str) -> Result<Option<FileStore>, IpamError> {
+        match FileStore::open_dirs(data_dir, root, domain, false) {
+            Ok(store) => Ok(Some(store)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(IpamError::Store(format!("open store: {e}"))),
+        }
+    }
+
+    fn open_dirs(data_dir: &Path, root: &Path, domain: &str, create: bool) -> std::io::Result<FileStore> {
+        if !component_ok(domain) {
+            return Err(std::io::Error::new(ErrorKind::InvalidInput, format!("invalid allocation domain {domain:?}")));
+        }
+        let dir = SafeDir::open_beneath(root, data_dir, create)?.subdir(domain, create)?;
+        let sub = |name: &str| dir.subdir(name, create);
         let (ips, attachments, pods, cursors, tmp) =
             (sub("ips")?, sub("attachments")?, sub("pods")?, sub("cursors")?, sub("tmp")?);
         Ok(FileStore { dir, ips, attachments, pods, cursors, tmp })
@@ -91,14 +105,23 @@ impl FileStore {
     /// only) are removed.
     fn lock(&self) -> Result<File, IpamError> {
         let path = self.dir.join("lock");
-        let f = OpenOptions::new()
+        let nofollow = nix::fcntl::OFlag::O_NOFOLLOW.bits();
+        // A read-only file system still takes a lock on a file opened for reading (DEL of
+        // nothing must succeed there).
+        let f = match OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .custom_flags(nofollow)
             .open(&path)
-            .map_err(|e| self.err("open", &path, e))?;
+        {
+            Err(e) if e.kind() == ErrorKind::ReadOnlyFilesystem => {
+                OpenOptions::new().read(true).custom_flags(nofollow).open(&path)
+            }
+            other => other,
+        }
+        .map_err(|e| self.err("open", &path, e))?;
         f.lock().map_err(|e| self.err("lock", &path, e))?;
         if let Ok(entries) = fs::read_dir(self.tmp.path()) {
             for e in entries.flatten() {

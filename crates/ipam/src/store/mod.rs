@@ -20,6 +20,17 @@ pub fn open(cfg: &IpamConfig) -> Result<Box<dyn Store>, IpamError> {
     })
 }
 
+/// The store to release from: `None` when a file store was never created (nothing is held; a
+/// read-only or missing data directory is then no error).
+pub fn open_for_release(cfg: &IpamConfig) -> Result<Option<Box<dyn Store>>, IpamError> {
+    Ok(match &cfg.store {
+        StoreConfig::File { data_dir, root } => {
+            file::FileStore::open_existing(data_dir, root, &cfg.domain)?.map(|s| Box::new(s) as Box<dyn Store>)
+        }
+        StoreConfig::Etcd(etcd) => Some(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?)),
+    })
+}
+
 /// Who holds an allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
