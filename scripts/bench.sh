@@ -196,14 +196,16 @@ ip netns exec "$node" etcd --name bench --data-dir "$etcd_dir" --log-level error
   --initial-cluster "bench=http://127.0.0.1:$pport" > "$work/etcd.log" 2>&1 &
 etcd_pid=$!
 trap 'kill $etcd_pid 2>/dev/null; wait $etcd_pid 2>/dev/null; cleanup' EXIT
+# etcd endpoints come from a store profile of the node policy, never from a network config.
+printf '{"dataRoots": ["%s"], "stores": {"bench-etcd": {"etcd": {"endpoints": ["http://127.0.0.1:%s"], "blockSize": 16}}}}\n' \
+  "$work" "$cport" > "$work/policy.json"
 for _ in $(seq 100); do
   ip netns exec "$node" env ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$cport" endpoint health >/dev/null 2>&1 && break
   sleep 0.1
 done
 confs=""
 for n in 0 1 2 3; do
-  ipam_conf etcd plexus-ipam 198.18.0.0/20 unused \
-    ",\"store\":{\"etcd\":{\"endpoints\":[\"http://127.0.0.1:$cport\"],\"blockSize\":16}}" \
+  ipam_conf etcd plexus-ipam 198.18.0.0/20 unused ",\"store\":\"bench-etcd\"" \
     | sed "s/\"nodeName\":\"bench\"/\"nodeName\":\"node-$n\"/" > "$work/ipam-etcd-$n.json"
   confs="$confs${confs:+,}$work/ipam-etcd-$n.json"
 done

@@ -31,6 +31,40 @@ pub fn unmount_below(dir: &std::path::Path) {
     }
 }
 
+/// A mount a test made, undone on drop (panics included): a read-only bind of a directory onto
+/// itself, or a small tmpfs — the full and read-only disks plexus must survive.
+#[derive(Debug)]
+pub struct Mount(std::path::PathBuf);
+
+impl Mount {
+    /// `dir`, bound onto itself read-only.
+    pub fn read_only(dir: &std::path::Path) -> Mount {
+        use nix::mount::{MsFlags, mount};
+        mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .unwrap_or_else(|e| panic!("bind {}: {e}", dir.display()));
+        let guard = Mount(dir.to_path_buf());
+        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        mount(None::<&str>, dir, None::<&str>, ro, None::<&str>)
+            .unwrap_or_else(|e| panic!("remount {} read-only: {e}", dir.display()));
+        guard
+    }
+
+    /// A tmpfs of `size` (e.g. `8k`) on `dir`, mode 0700.
+    pub fn tmpfs(dir: &std::path::Path, size: &str) -> Mount {
+        use nix::mount::{MsFlags, mount};
+        let opts = format!("size={size},mode=0700");
+        mount(Some("tmpfs"), dir, Some("tmpfs"), MsFlags::empty(), Some(opts.as_str()))
+            .unwrap_or_else(|e| panic!("tmpfs on {}: {e}", dir.display()));
+        Mount(dir.to_path_buf())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 /// Fail the test with a clear message when not root: these tests create namespaces and links.
 pub fn require_root() {
     if !nix::unistd::geteuid().is_root() {

@@ -486,20 +486,12 @@ fn devices_and_pci_addresses_off_the_allow_lists_are_refused_and_the_device_stay
 
 #[test]
 fn a_state_dir_that_fills_up_during_add_fails_the_add_and_gives_the_device_back() {
-    use nix::mount::{MntFlags, MsFlags, mount, umount2};
     let rig = Rig::new();
     let before = rig.host("ens1f0");
     let state = rig.dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     // Two pages: one filled here, one for the first state write; the second write has none.
-    mount(Some("tmpfs"), &state, Some("tmpfs"), MsFlags::empty(), Some("size=8k,mode=0700")).unwrap();
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = umount2(&self.0, MntFlags::MNT_DETACH);
-        }
-    }
-    let _guard = Unmount(state.clone());
+    let _tmpfs = plexus_tests::Mount::tmpfs(&state, "8k");
     std::fs::write(state.join("filler"), vec![0u8; 4096]).unwrap();
     let c = rig.conf("1.0.0", json!({"device": "ens1f0"}));
     let (code, msg, _) = rig.run("ADD", &c).error();

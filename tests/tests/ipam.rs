@@ -371,24 +371,6 @@ fn etcd_down_fails_add_and_del_with_code_11_within_the_deadline_and_recovers() {
     assert!(etcd.keys("/plexus-test/default/attachments/").is_empty());
 }
 
-/// A bind mount made read-only (or a tmpfs), unmounted on drop, panics included.
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
-fn read_only(dir: &Path) -> Mounted {
-    use nix::mount::{MsFlags, mount};
-    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
-    let guard = Mounted(dir.to_path_buf());
-    let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-    mount(None::<&str>, dir, None::<&str>, ro, None::<&str>).unwrap();
-    guard
-}
-
 #[test]
 fn on_a_read_only_data_dir_add_fails_naming_it_and_del_of_nothing_succeeds() {
     let lab = Lab::new();
@@ -398,7 +380,7 @@ fn on_a_read_only_data_dir_add_fails_naming_it_and_del_of_nothing_succeeds() {
     std::fs::create_dir_all(&data).unwrap();
     let c = conf("1.0.0", file_ipam(&data, "198.18.17.0/24"));
     {
-        let _ro = read_only(&data);
+        let _ro = plexus_tests::Mount::read_only(&data);
         let (code, msg, _) = run(&lab, "ADD", "a", &c).error();
         assert_eq!(code, 5);
         assert!(msg.contains("ipam/default") && msg.contains("Read-only file system"), "{msg}");
@@ -407,7 +389,7 @@ fn on_a_read_only_data_dir_add_fails_naming_it_and_del_of_nothing_succeeds() {
     }
     // A store in use, then read-only: DEL of an attachment it does not hold still succeeds.
     assert!(run(&lab, "ADD", "held", &c).success());
-    let _ro = read_only(&data);
+    let _ro = plexus_tests::Mount::read_only(&data);
     let out = run(&lab, "DEL", "never-added", &c);
     assert!(out.success(), "{}", out.stdout);
     let (code, msg, _) = run(&lab, "DEL", "held", &c).error();

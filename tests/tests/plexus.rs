@@ -413,17 +413,7 @@ fn del_removes_the_cache_temp_files_a_killed_plexus_left_and_succeeds_on_a_read_
     assert_eq!(s.held_addresses(), 0);
     // A read-only cache directory holding nothing for the container: DEL still succeeds.
     std::fs::remove_file(&other).unwrap();
-    let cache = s.cache_dir();
-    nix::mount::mount(Some(&cache), &cache, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-    let _guard = Unmount(cache.clone());
-    let ro = nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REMOUNT | nix::mount::MsFlags::MS_RDONLY;
-    nix::mount::mount(None::<&str>, &cache, None::<&str>, ro, None::<&str>).unwrap();
+    let _ro = plexus_tests::Mount::read_only(&s.cache_dir());
     let out = s.run("DEL", &c);
     assert!(out.success(), "{}", out.stdout);
 }

@@ -58,6 +58,15 @@ impl Netns {
         })
     }
 
+    /// Which of `names` are interfaces in this namespace (`if_nametoindex` from a thread that
+    /// joined it: no netlink socket, no runtime — the meta-plugin asks before every ADD).
+    pub fn existing_links(&self, names: &[&str]) -> Result<Vec<String>> {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        self.run("look up interface names", move || {
+            names.into_iter().filter(|n| nix::net::if_::if_nametoindex(n.as_str()).is_ok()).collect()
+        })
+    }
+
     /// Start `f` on a fresh thread that joins this namespace, and go on: the caller does other
     /// work meanwhile and collects `f`'s value with [`InNetns::join`]. Like [`Netns::run`], the
     /// thread ends with `f`.

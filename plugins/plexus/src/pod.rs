@@ -11,44 +11,34 @@ use plexus_net::{LinkSocket, Netns};
 
 use crate::attachment::Attachment;
 
-/// The pod's namespace with a netlink socket in it.
+/// The pod's namespace.
 pub struct PodNetns {
-    rt: tokio::runtime::Runtime,
-    sock: LinkSocket,
+    ns: Netns,
 }
 
 impl PodNetns {
     /// Open `CNI_NETNS`; a namespace that does not exist fails the ADD before any delegate runs
     /// (code 8, as the reference plugins answer).
     pub fn open(path: &Path) -> Result<PodNetns, Error> {
-        let refused = |e: plexus_net::NetError| {
+        let ns = Netns::open(path).map_err(|e| {
             Error::new(code::INVALID_NETNS, format!("CNI_NETNS {:?}: {e}", path.display().to_string()))
                 .with_details("the pod's network namespace must exist before ADD")
-        };
-        let ns = Netns::open(path).map_err(refused)?;
-        let rt = plexus_net::configure::runtime()?;
-        // The socket's connection task is spawned on this runtime.
-        let sock = {
-            let _in_runtime = rt.enter();
-            LinkSocket::open(&ns).map_err(refused)?
-        };
-        Ok(PodNetns { rt, sock })
+        })?;
+        Ok(PodNetns { ns })
     }
 
     /// Refuse, before any delegate runs, an attachment whose interface name the pod already has
     /// (the spec: ADD must fail then; Multus checks it before each delegate).
     pub fn refuse_taken_names(&self, attachments: &[Attachment]) -> Result<(), Error> {
-        self.rt.block_on(async {
-            for a in attachments {
-                if self.sock.link(&a.ifname).await?.is_some() {
-                    return Err(Error::new(
-                        code::IFNAME_TAKEN,
-                        format!("network {}: interface {:?} already exists in the container", a.network, a.ifname),
-                    ));
-                }
-            }
-            Ok(())
-        })
+        let names: Vec<&str> = attachments.iter().map(|a| a.ifname.as_str()).collect();
+        let taken = self.ns.existing_links(&names)?;
+        match attachments.iter().find(|a| taken.contains(&a.ifname)) {
+            Some(a) => Err(Error::new(
+                code::IFNAME_TAKEN,
+                format!("network {}: interface {:?} already exists in the container", a.network, a.ifname),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Multus's `default-route`: when any attachment's selection has the key (even empty), every
@@ -63,22 +53,28 @@ impl PodNetns {
         if attachments.iter().all(|a| a.default_route.is_none()) {
             return Ok(Vec::new());
         }
-        self.rt.block_on(async {
+        // Only now a netlink socket in the pod (most pods have no default-route).
+        let rt = plexus_net::configure::runtime()?;
+        let sock = {
+            let _in_runtime = rt.enter();
+            LinkSocket::open(&self.ns)?
+        };
+        rt.block_on(async {
             let mut changed = Vec::new();
             for (i, (a, result)) in attachments.iter().zip(results.iter_mut()).enumerate() {
-                let Some(link) = self.sock.link(&a.ifname).await? else { continue };
+                let Some(link) = sock.link(&a.ifname).await? else { continue };
                 let gateways: &[IpAddr] = a.default_route.as_deref().unwrap_or_default();
                 let before = result.routes.len();
                 result.routes.retain(|r| r.dst.prefix() != 0);
                 let mut touched = result.routes.len() != before;
                 for v4 in [true, false] {
-                    touched |= self.sock.delete_default_routes(link.index, v4).await? > 0;
+                    touched |= sock.delete_default_routes(link.index, v4).await? > 0;
                 }
                 for gw in gateways {
                     let any = if gw.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
                     let dst = IpNetwork::new(any, 0).expect("prefix 0");
                     let spec = plexus_net::link::RouteSpec::new(dst, Some(*gw), link.index);
-                    self.sock.add_route(&spec).await.map_err(|e| {
+                    sock.add_route(&spec).await.map_err(|e| {
                         Error::from(e).context(format!("network {}: default route via {gw} on {}", a.network, a.ifname))
                     })?;
                     result.routes.push(Route::new(dst, Some(*gw)));
