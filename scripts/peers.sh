@@ -39,7 +39,7 @@ build() {
   echo "peers.sh: $out ($module) in $((SECONDS - started)) s" >&2
 }
 
-k8s_version=$(awk '/k8s.io\/kubernetes v/ {print $NF; exit}' tests/peers/kubernetes/go.mod)
+k8s_version=$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' tests/peers/kubernetes/go.mod)
 minor=$(echo "$k8s_version" | cut -d. -f2)
 k8s_ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1"
 k8s_ldflags+=" -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"

@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes for plexus's tests: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, containerd (CRI) and kubelet, built from their Go modules (scripts/peers.sh),
+# all inside a network namespace of their own with veth "RoCE ports". Nothing touches the host's
+# interfaces; images are built locally (no registry).
+#
+#   bash scripts/cluster.sh up     # prints KEY=value lines once the node is Ready
+#   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
+#
+# Pitfalls met, and what this script does about them:
+# - kube-apiserver refuses a loopback advertise address, and this kernel has no dummy links: the
+#   node namespace gets a veth (k8s0, 198.18.250.1/24) whose peer sits in a fabric namespace.
+# - No systemd, cgroup v1 hierarchies (v2 only as /sys/fs/cgroup/unified): the kubelet uses the
+#   cgroupfs driver and failCgroupV1: false; cgroupsPerQOS and node-allocatable enforcement off.
+# - The root mount is private here: containerd and the kubelet run in a mount namespace of their
+#   own with shared propagation (unshare -m --propagation shared), so the host's mounts are not
+#   changed; /dev/kmsg must exist for the kubelet's OOM watcher (it does on these machines).
+# - Sandbox image: a busybox-static rootfs whose PID 1 waits for signals and reaps children,
+#   imported into containerd; the kubelet's image GC never removes it (threshold 100 %).
+# - containerd calls CNI STATUS for configs of cniVersion >= 1.1.0; the bootstrap cluster network
+#   is a 1.0.0 bridge conflist, replaced when plexus is installed.
+# - Service and pod addresses come from 198.18.0.0/15 (never a private range).
+# - The kubelet gives every sandbox oom_score_adj -998, which this sandbox may not set (runc:
+#   "can't get final child's PID from pipe"): containerd's restrict_oom_score_adj clamps it.
+# - kubectl logs/exec reach the kubelet by the node's InternalIP (no DNS for the node name).
+# - Containers run by this containerd use a runc root of their own, so `down` finds and ends
+#   exactly them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+top=$(pwd)
+
+state=${PLEXUS_CLUSTER_DIR:-/var/lib/plexus-cluster}
+NODE_NETNS=plexus-k8s-node
+FABRIC_NETNS=plexus-k8s-fabric
+NODE_NAME=plexus-node
+ADDR=198.18.250.1
+SERVICE_CIDR=198.19.250.0/24
+POD_CIDR=198.19.251.0/24
+TEST_IMAGE=localhost/plexus-busybox:test
+PAUSE_IMAGE=localhost/plexus-pause:test
+
+log() { echo "cluster.sh: $*" >&2; }
+in_node() { ip netns exec "$NODE_NETNS" "$@"; }
+
+# start NAME CMD...: a daemon in the node namespace (its own shared-propagation mount namespace),
+# detached from our stdout/stderr, its PID recorded for `down`.
+start() {
+  local name=$1
+  shift
+  # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroup mounts the kubelet
+  # needs (/sys/fs/cgroup/*).
+  setsid nsenter --net="/run/netns/$NODE_NETNS" unshare -m --propagation shared -- "$@" \
+    > "$state/log/$name.log" 2>&1 < /dev/null &
+  echo $! > "$state/pids/$name"
+}
+
+wait_for() {
+  local what=$1 tries=$2
+  shift 2
+  for _ in $(seq "$tries"); do
+    "$@" > /dev/null 2>&1 && return 0
+    sleep 1
+  done
+  log "$what did not come up; its log:"
+  tail -20 "$state/log/$what.log" >&2 || true
+  return 1
+}
+
+down() {
+  for f in kubelet containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    if [ -f "$state/pids/$f" ]; then
+      pid=$(cat "$state/pids/$f")
+      # The recorded PID is setsid's child chain's leader: end its whole session.
+      kill -TERM -- "-$pid" 2> /dev/null || kill -TERM "$pid" 2> /dev/null || true
+    fi
+  done
+  sleep 1
+  for f in "$state"/pids/*; do
+    [ -f "$f" ] && { kill -KILL -- "-$(cat "$f")" 2> /dev/null || true; }
+  done
+  # Containers and shims started by this containerd live in their own sessions.
+  # (containerd puts each of its namespaces under the runc root: $state/runc/k8s.io.)
+  for root in "$state"/runc/*/; do
+    [ -d "$root" ] || continue
+    for c in $(runc --root "$root" list -q 2> /dev/null); do
+      runc --root "$root" kill "$c" KILL 2> /dev/null || true
+      runc --root "$root" delete --force "$c" 2> /dev/null || true
+    done
+  done
+  pkill -KILL -f "containerd-shim-runc-v2 .*-address $state/" 2> /dev/null || true
+  ip netns del "$NODE_NETNS" 2> /dev/null || true
+  ip netns del "$FABRIC_NETNS" 2> /dev/null || true
+  if [ -d "$state" ]; then
+    { grep " $state" /proc/mounts || true; } | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2> /dev/null || true; done
+    rm -rf "$state"
+  fi
+}
+
+certs() {
+  local d=$state/pki
+  mkdir -p "$d"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=plexus-test-ca \
+    -keyout "$d/ca.key" -out "$d/ca.crt" 2> /dev/null
+  openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout "$d/apiserver.key" \
+    -out "$d/apiserver.csr" 2> /dev/null
+  printf 'subjectAltName=IP:127.0.0.1,IP:%s,IP:%s,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\n' \
+    "$ADDR" "${SERVICE_CIDR%.0/24}.1" > "$d/san.ext"
+  openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+    -extfile "$d/san.ext" -out "$d/apiserver.crt" 2> /dev/null
+  # The apiserver's client certificate towards the kubelet (logs, exec).
+  openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+    -keyout "$d/kubelet-client.key" -out "$d/kubelet-client.csr" 2> /dev/null
+  openssl x509 -req -in "$d/kubelet-client.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+    -out "$d/kubelet-client.crt" 2> /dev/null
+  openssl genrsa -out "$d/sa.key" 2048 2> /dev/null
+  openssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub" 2> /dev/null
+  ADMIN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  NODE_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  {
+    echo "$ADMIN_TOKEN,admin,admin,system:masters"
+    echo "$NODE_TOKEN,system:node:$NODE_NAME,node,system:nodes"
+  } > "$d/tokens.csv"
+  chmod 600 "$d"/*.key "$d/tokens.csv"
+}
+
+kubeconfig() { # FILE TOKEN
+  cat > "$1" << EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: plexus
+  cluster: {server: "https://$ADDR:6443", certificate-authority: "$state/pki/ca.crt"}
+users:
+- name: user
+  user: {token: "$2"}
+contexts:
+- name: plexus
+  context: {cluster: plexus, user: user}
+current-context: plexus
+EOF
+  chmod 600 "$1"
+}
+
+images() {
+  local r=$state/rootfs
+  mkdir -p "$r/bin" "$r/dev" "$r/proc" "$r/sys" "$r/etc"
+  cp /bin/busybox "$r/bin/busybox"
+  for t in sh sleep cat ip ls echo env wget true trap; do ln -sf busybox "$r/bin/$t"; done
+  tar -C "$r" -cf "$state/rootfs.tar" .
+  local store=(--root "$state/podman/root" --runroot "$state/podman/run" --storage-driver vfs)
+  # The sandbox image: PID 1 waits for signals and reaps its children, like pause.
+  podman "${store[@]}" import -q --change 'CMD ["/bin/sh", "-c", "trap \"exit 0\" TERM INT; while :; do sleep 3600 & wait; done"]' \
+    "$state/rootfs.tar" "$PAUSE_IMAGE" > /dev/null
+  podman "${store[@]}" import -q --change 'CMD ["/bin/sh"]' "$state/rootfs.tar" "$TEST_IMAGE" > /dev/null
+  for img in "$PAUSE_IMAGE" "$TEST_IMAGE"; do
+    rm -f "$state/image.tar"
+    podman "${store[@]}" save -q --format docker-archive -o "$state/image.tar" "$img" > /dev/null
+    in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" -n k8s.io images import "$state/image.tar" > /dev/null
+  done
+  rm -rf "$state/podman" "$state/rootfs" "$state/rootfs.tar" "$state/image.tar"
+}
+
+up() {
+  [ "$(id -u)" = 0 ] || { log "run as root"; exit 1; }
+  local missing=()
+  for p in runc podman busybox-static openssl iproute2 util-linux; do
+    dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  fi
+  PEERS_BIN=$(bash scripts/peers.sh)
+  down
+  mkdir -p "$state"/{pids,log,net.d,bin,etcd,containerd,kubelet}
+  chmod 700 "$state"
+
+  log "network namespaces: $NODE_NETNS (node) and $FABRIC_NETNS"
+  ip netns add "$NODE_NETNS"
+  ip netns add "$FABRIC_NETNS"
+  ip -n "$NODE_NETNS" link set lo up
+  ip -n "$NODE_NETNS" link add k8s0 type veth peer name k8s0 netns "$FABRIC_NETNS"
+  ip -n "$NODE_NETNS" addr add "$ADDR/24" dev k8s0
+  ip -n "$NODE_NETNS" link set k8s0 up
+  ip -n "$FABRIC_NETNS" link set k8s0 up
+  ip -n "$NODE_NETNS" route add default dev k8s0
+  for port in ens1f0np0 ens2f0np0; do
+    ip -n "$NODE_NETNS" link add "$port" mtu 9000 type veth peer name "$port" netns "$FABRIC_NETNS" mtu 9000
+    ip -n "$NODE_NETNS" link set "$port" up
+    ip -n "$FABRIC_NETNS" link set "$port" up
+  done
+
+  certs
+  kubeconfig "$state/admin.kubeconfig" "$ADMIN_TOKEN"
+  kubeconfig "$state/kubelet.kubeconfig" "$NODE_TOKEN"
+
+  log "etcd"
+  start etcd "$PEERS_BIN/etcd" --data-dir "$state/etcd" --listen-client-urls http://127.0.0.1:2379 \
+    --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380 --log-level error
+  wait_for etcd 60 in_node "$PEERS_BIN/etcdctl" --endpoints http://127.0.0.1:2379 endpoint health
+
+  log "kube-apiserver"
+  start kube-apiserver "$PEERS_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
+    --advertise-address "$ADDR" --secure-port 6443 --tls-cert-file "$state/pki/apiserver.crt" \
+    --tls-private-key-file "$state/pki/apiserver.key" --client-ca-file "$state/pki/ca.crt" \
+    --token-auth-file "$state/pki/tokens.csv" --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$state/pki/sa.pub" --service-account-signing-key-file "$state/pki/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --authorization-mode Node,RBAC \
+    --enable-admission-plugins NodeRestriction --allow-privileged=true \
+    --kubelet-preferred-address-types InternalIP --kubelet-client-certificate "$state/pki/kubelet-client.crt" \
+    --kubelet-client-key "$state/pki/kubelet-client.key"
+  wait_for kube-apiserver 120 in_node "$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig" get --raw /readyz
+
+  log "kube-controller-manager, kube-scheduler"
+  start kube-controller-manager "$PEERS_BIN/kube-controller-manager" --kubeconfig "$state/admin.kubeconfig" \
+    --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
+    --root-ca-file "$state/pki/ca.crt" --service-account-private-key-file "$state/pki/sa.key" \
+    --use-service-account-credentials --leader-elect=false --controllers '*,-nodeipam'
+  start kube-scheduler "$PEERS_BIN/kube-scheduler" --kubeconfig "$state/admin.kubeconfig" \
+    --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
+    --leader-elect=false
+
+  log "containerd"
+  cp "$PEERS_BIN"/{loopback,bridge,host-local} "$state/bin/"
+  cat > "$state/containerd.toml" << EOF
+version = 3
+root = "$state/containerd/root"
+state = "$state/containerd/state"
+[grpc]
+  address = "$state/containerd.sock"
+[ttrpc]
+  address = "$state/containerd-ttrpc.sock"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dir = "$state/bin"
+  conf_dir = "$state/net.d"
+  max_conf_num = 1
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "$PAUSE_IMAGE"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = "/usr/bin/runc"
+  Root = "$state/runc"
+EOF
+  # The bootstrap cluster network (replaced when plexus is installed): a bridge on the pod range.
+  cat > "$state/net.d/10-bootstrap.conflist" << EOF
+{"cniVersion": "1.0.0", "name": "bootstrap", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$state/host-local"}},
+  {"type": "loopback"}]}
+EOF
+  start containerd env PATH="$PEERS_BIN:$PATH" "$PEERS_BIN/containerd" --config "$state/containerd.toml"
+  wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" version
+  images
+
+  log "kubelet"
+  cat > "$state/kubelet.yaml" << EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://$state/containerd.sock
+cgroupDriver: cgroupfs
+failCgroupV1: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+imageGCHighThresholdPercent: 100
+evictionHard: {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"}
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: "$state/pki/ca.crt"}}
+authorization: {mode: AlwaysAllow}
+clusterDomain: cluster.local
+podCIDR: $POD_CIDR
+staticPodPath: "$state/manifests"
+EOF
+  mkdir -p "$state/manifests"
+  start kubelet "$PEERS_BIN/kubelet" --config "$state/kubelet.yaml" --kubeconfig "$state/kubelet.kubeconfig" \
+    --hostname-override "$NODE_NAME" --node-ip "$ADDR" --root-dir "$state/kubelet"
+  kubectl=("$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig")
+  wait_for kubelet 180 in_node "${kubectl[@]}" wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
+  # Pods need their namespace's service account, which the controller-manager creates.
+  wait_for kube-controller-manager 60 in_node "${kubectl[@]}" -n default get serviceaccount default
+
+  log "CRDs: NetworkAttachmentDefinition and whereabouts'"
+  in_node "${kubectl[@]}" apply -f conf-examples/deploy/crd.yaml > /dev/null
+  wb=$(cd tests/peers/whereabouts && GOMODCACHE=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod \
+    GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/whereabouts)
+  for crd in "$wb"/doc/crds/whereabouts.cni.cncf.io_*.yaml; do
+    in_node "${kubectl[@]}" apply -f "$crd" > /dev/null
+  done
+
+  cat << EOF
+KUBECONFIG=$state/admin.kubeconfig
+NODE_NETNS=$NODE_NETNS
+NODE_NAME=$NODE_NAME
+CNI_BIN_DIR=$state/bin
+CNI_CONF_DIR=$state/net.d
+TEST_IMAGE=$TEST_IMAGE
+PEERS_BIN=$PEERS_BIN
+EOF
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  *)
+    echo "usage: bash scripts/cluster.sh up|down" >&2
+    exit 2
+    ;;
+esac
