@@ -12,9 +12,10 @@
 #   node namespace gets a veth (k8s0, 198.18.250.1/24) whose peer sits in a fabric namespace.
 # - No systemd, cgroup v1 hierarchies (v2 only as /sys/fs/cgroup/unified): the kubelet uses the
 #   cgroupfs driver and failCgroupV1: false; cgroupsPerQOS and node-allocatable enforcement off.
-# - The root mount is private here: containerd and the kubelet run in a mount namespace of their
-#   own with shared propagation (unshare -m --propagation shared), so the host's mounts are not
-#   changed; /dev/kmsg must exist for the kubelet's OOM watcher (it does on these machines).
+# - The root mount is private here: containerd and the kubelet share one mount namespace of their
+#   own with shared propagation (kept at $state/mnt), so the host's mounts are not changed; it must
+#   be one namespace for both, or containerd never sees the kubelet's volume mounts (service
+#   account tokens arrive empty). /dev/kmsg must exist for the kubelet's OOM watcher (it does).
 # - Sandbox image: a busybox-static rootfs whose PID 1 waits for signals and reaps children,
 #   imported into containerd; the kubelet's image GC never removes it (threshold 100 %).
 # - containerd calls CNI STATUS for configs of cniVersion >= 1.1.0; the bootstrap cluster network
@@ -42,14 +43,15 @@ PAUSE_IMAGE=localhost/plexus-pause:test
 log() { echo "cluster.sh: $*" >&2; }
 in_node() { ip netns exec "$NODE_NETNS" "$@"; }
 
-# start NAME CMD...: a daemon in the node namespace (its own shared-propagation mount namespace),
-# detached from our stdout/stderr, its PID recorded for `down`.
+# start NAME CMD...: a daemon in the node's network namespace and the node's mount namespace
+# (one for all daemons: the kubelet's volume mounts must be seen by containerd), detached from
+# our stdout/stderr, its PID recorded for `down`.
 start() {
   local name=$1
   shift
   # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroup mounts the kubelet
   # needs (/sys/fs/cgroup/*).
-  setsid nsenter --net="/run/netns/$NODE_NETNS" unshare -m --propagation shared -- "$@" \
+  setsid nsenter --net="/run/netns/$NODE_NETNS" --mount="$state/mnt" -- "$@" \
     > "$state/log/$name.log" 2>&1 < /dev/null &
   echo $! > "$state/pids/$name"
 }
@@ -173,6 +175,12 @@ up() {
   down
   mkdir -p "$state"/{pids,log,net.d,bin,etcd,containerd,kubelet}
   chmod 700 "$state"
+  # The node's mount namespace, kept at $state/mnt (its parent mount must be private), with
+  # shared propagation inside: the host's mounts are never changed.
+  mount --bind "$state" "$state"
+  mount --make-private "$state"
+  touch "$state/mnt"
+  unshare --mount="$state/mnt" --propagation shared true
 
   log "network namespaces: $NODE_NETNS (node) and $FABRIC_NETNS"
   ip netns add "$NODE_NETNS"
@@ -209,6 +217,9 @@ up() {
     --kubelet-preferred-address-types InternalIP --kubelet-client-certificate "$state/pki/kubelet-client.crt" \
     --kubelet-client-key "$state/pki/kubelet-client.key"
   wait_for kube-apiserver 120 in_node "$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig" get --raw /readyz
+  # No kube-proxy: the kubernetes service's address (what in-cluster clients get in
+  # KUBERNETES_SERVICE_HOST) is translated to the apiserver in the node namespace, as kube-proxy would.
+  in_node iptables -t nat -A OUTPUT -d "${SERVICE_CIDR%.0/24}.1" -p tcp --dport 443 -j DNAT --to-destination "$ADDR:6443"
 
   log "kube-controller-manager, kube-scheduler"
   start kube-controller-manager "$PEERS_BIN/kube-controller-manager" --kubeconfig "$state/admin.kubeconfig" \
@@ -251,7 +262,12 @@ EOF
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$state/host-local"}},
   {"type": "loopback"}]}
 EOF
-  start containerd env PATH="$PEERS_BIN:$PATH" "$PEERS_BIN/containerd" --config "$state/containerd.toml"
+  # plexus's node policy for this node: no allow-lists; its data under the cluster's state dir.
+  printf '{"dataRoots": ["%s"]}\n' "$state/data" > "$state/policy.json"
+  chmod 600 "$state/policy.json"
+  mkdir -p "$state/data"
+  start containerd env PATH="$PEERS_BIN:$PATH" PLEXUS_POLICY="$state/policy.json" \
+    "$PEERS_BIN/containerd" --config "$state/containerd.toml"
   wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" version
   images
 
@@ -295,6 +311,9 @@ NODE_NETNS=$NODE_NETNS
 NODE_NAME=$NODE_NAME
 CNI_BIN_DIR=$state/bin
 CNI_CONF_DIR=$state/net.d
+PLEXUS_POLICY=$state/policy.json
+PLEXUS_DATA_DIR=$state/data
+CLUSTER_NETWORK=$state/net.d/10-bootstrap.conflist
 TEST_IMAGE=$TEST_IMAGE
 PEERS_BIN=$PEERS_BIN
 EOF
