@@ -16,8 +16,9 @@ fi
 #   protobuf-compiler libprotobuf-dev   protoc and the well-known protos, for etcd-client's build
 #   etcd-server etcd-client      a real etcd (and etcdctl) for the cluster-wide IPAM store tests
 #   podman runc containerd busybox-static tar   real runtimes driving plexus (a busybox image made locally)
+#   openssl iptables util-linux  the real Kubernetes node (certificates, the service address, nsenter/unshare)
 packages=(containernetworking-plugins iproute2 procps protobuf-compiler libprotobuf-dev etcd-server etcd-client
-          podman runc containerd busybox-static tar)
+          podman runc containerd busybox-static tar openssl iptables util-linux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +31,10 @@ fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 echo "== cnitool (built from Debian's source package; the tests drive plexus through it)"
 bash scripts/tools/build-cnitool.sh
+
+echo "== the peers: Kubernetes, etcd, containerd, crictl, Multus, whereabouts, reference plugins (scripts/peers.sh;"
+echo "   built from tests/peers/ into a cache outside the clone: minutes the first time, instant after)"
+bash scripts/peers.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
