@@ -2,7 +2,8 @@
 //! `dataDir` and `nodeName`.
 //!
 //! Who may set what: a network config (a tenant's NetworkAttachmentDefinition) chooses ranges,
-//! routes, DNS, `network_name`, and a store — the file store in a `dataDir` beneath the node
+//! routes, DNS, `network_name`, static `addresses` (unreserved, as with the reference static
+//! IPAM: they only ever reach the tenant's own interface), and a store — the file store in a `dataDir` beneath the node
 //! policy's `dataRoots`, or a store profile the admin named in the policy (`"store": "fabric"`).
 //! etcd endpoints, prefixes and credential files come only from the policy.
 

@@ -225,6 +225,16 @@ pub fn plan(
     let replacement = match &default_network {
         Some(sel) => {
             let ns = sel.namespace_or(&conf.multus_namespace).to_string();
+            // Unlike Multus, namespace isolation holds here too: the admin's namespace, the
+            // pod's own and the global ones only.
+            let globals = conf.global_namespaces();
+            if conf.namespace_isolation && ns != conf.multus_namespace && ns != pod.namespace && !globals.contains(&ns)
+            {
+                return Err(Error::invalid_config(format!(
+                    "namespace isolation: pod {}/{} may not use network-attachment-definition {ns}/{} as its default network",
+                    pod.namespace, pod.name, sel.name
+                )));
+            }
             let v = nads.nad(&ns, &sel.name)?.cni_config(&conf.conf_dir)?;
             Some((format!("{ns}/{}", sel.name), v))
         }
@@ -536,7 +546,12 @@ mod multus_cases {
         // globalNamespaces replaces the default list: "default" is no longer global
         let e = planned(iso.clone(), "test", Some("default/net1"), None).unwrap_err();
         assert!(e.contains("namespace isolation"), "{e}");
-        assert!(planned(iso, "test", Some("net1"), None).is_ok(), "its own namespace is always fine");
+        assert!(planned(iso.clone(), "test", Some("net1"), None).is_ok(), "its own namespace is always fine");
+        // The default-network annotation too (Multus does not check it): another tenant's NAD is
+        // refused, the admin's namespace is fine.
+        let e = planned(iso.clone(), "test", None, Some("other-ns/net3")).unwrap_err();
+        assert!(e.contains("as its default network"), "{e}");
+        assert!(planned(iso, "test", None, Some("net1")).is_ok());
     }
 
     #[test]
