@@ -7,6 +7,9 @@
 # /etc/cni/net.d). Returns once the DaemonSet's pod has written the meta config.
 #
 #   eval "$(bash scripts/cluster.sh up)"; bash scripts/cluster-install.sh
+#
+# PLEXUS_META_KEYS adds members to the meta config (e.g. '"namespaceIsolation": true'), as an
+# admin would in the DaemonSet's config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KUBECONFIG:?run scripts/cluster.sh up first and export what it prints}"
@@ -26,7 +29,7 @@ cat > "$work/rootfs/plexus/conf/00-plexus.conflist" << EOF
 {"cniVersion": "1.0.0", "name": "plexus", "plugins": [
   {"type": "plexus", "clusterNetwork": "$CLUSTER_NETWORK",
    "kubeconfig": "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig", "cniDir": "$PLEXUS_DATA_DIR/meta",
-   "binDir": "$CNI_BIN_DIR", "logFile": "$state/log/plexus.log", "logLevel": "debug"}]}
+   "binDir": "$CNI_BIN_DIR", "logFile": "$state/log/plexus.log", "logLevel": "debug"${PLEXUS_META_KEYS:+, $PLEXUS_META_KEYS}}]}
 EOF
 tar -C "$work/rootfs" -cf "$work/rootfs.tar" .
 store=(--root "$work/podman/root" --runroot "$work/podman/run" --storage-driver vfs)

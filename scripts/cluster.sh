@@ -6,6 +6,11 @@
 #
 #   bash scripts/cluster.sh up     # prints KEY=value lines once the node is Ready
 #   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
+#   bash scripts/cluster.sh stop|start|restart DAEMON
+#                                  # one daemon (etcd, kube-apiserver, kube-controller-manager,
+#                                  # kube-scheduler, containerd, kubelet) stopped (SIGTERM, waited
+#                                  # for) or started again with the same flags; `start` waits until
+#                                  # it answers. Pods and their shims keep running meanwhile.
 #
 # Pitfalls met, and what this script does about them:
 # - kube-apiserver refuses a loopback advertise address, and this kernel has no dummy links: the
@@ -25,7 +30,12 @@
 #   "can't get final child's PID from pipe"): containerd's restrict_oom_score_adj clamps it.
 # - kubectl logs/exec reach the kubelet by the node's InternalIP (no DNS for the node name).
 # - Containers run by this containerd use a runc root of their own, so `down` finds and ends
-#   exactly them.
+#   exactly them. Its shims are in sessions of their own: stopping containerd leaves pods running.
+# - containerd logs at debug level: "begin cni setup" and "cni result" carry each sandbox's CNI
+#   ADD time (scripts/bench-cluster.sh reads them). The apiserver's audit log records, at Metadata
+#   level, only the requests of the CNI plugins' service accounts (plexus, multus, whereabouts),
+#   to count API requests per pod.
+# - Eight RoCE ports (ens1f0np0 .. ens8f0np0, MTU 9000): an 8-rail GPU node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$(pwd)
@@ -52,7 +62,7 @@ start() {
   # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroup mounts the kubelet
   # needs (/sys/fs/cgroup/*).
   setsid nsenter --net="/run/netns/$NODE_NETNS" --mount="$state/mnt" -- "$@" \
-    > "$state/log/$name.log" 2>&1 < /dev/null &
+    >> "$state/log/$name.log" 2>&1 < /dev/null &
   echo $! > "$state/pids/$name"
 }
 
@@ -66,6 +76,70 @@ wait_for() {
   log "$what did not come up; its log:"
   tail -20 "$state/log/$what.log" >&2 || true
   return 1
+}
+
+# daemon NAME: start one of the node's daemons with its flags and wait until it answers.
+daemon() {
+  case $1 in
+    etcd)
+      start etcd "$PEERS_BIN/etcd" --data-dir "$state/etcd" --listen-client-urls http://127.0.0.1:2379 \
+        --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380 --log-level error
+      wait_for etcd 60 in_node "$PEERS_BIN/etcdctl" --endpoints http://127.0.0.1:2379 endpoint health
+      ;;
+    kube-apiserver)
+      start kube-apiserver "$PEERS_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
+        --advertise-address "$ADDR" --secure-port 6443 --tls-cert-file "$state/pki/apiserver.crt" \
+        --tls-private-key-file "$state/pki/apiserver.key" --client-ca-file "$state/pki/ca.crt" \
+        --token-auth-file "$state/pki/tokens.csv" --service-account-issuer https://kubernetes.default.svc \
+        --service-account-key-file "$state/pki/sa.pub" --service-account-signing-key-file "$state/pki/sa.key" \
+        --service-cluster-ip-range "$SERVICE_CIDR" --authorization-mode Node,RBAC \
+        --enable-admission-plugins NodeRestriction --allow-privileged=true \
+        --kubelet-preferred-address-types InternalIP --kubelet-client-certificate "$state/pki/kubelet-client.crt" \
+        --kubelet-client-key "$state/pki/kubelet-client.key" \
+        --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/log/audit.log" \
+        --audit-log-mode blocking
+      wait_for kube-apiserver 120 in_node "$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig" get --raw /readyz
+      ;;
+    kube-controller-manager)
+      start kube-controller-manager "$PEERS_BIN/kube-controller-manager" --kubeconfig "$state/admin.kubeconfig" \
+        --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
+        --root-ca-file "$state/pki/ca.crt" --service-account-private-key-file "$state/pki/sa.key" \
+        --use-service-account-credentials --leader-elect=false --controllers '*,-nodeipam'
+      ;;
+    kube-scheduler)
+      start kube-scheduler "$PEERS_BIN/kube-scheduler" --kubeconfig "$state/admin.kubeconfig" \
+        --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
+        --leader-elect=false
+      ;;
+    containerd)
+      start containerd env PATH="$PEERS_BIN:$PATH" PLEXUS_POLICY="$state/policy.json" \
+        "$PEERS_BIN/containerd" --config "$state/containerd.toml"
+      wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" version
+      ;;
+    kubelet)
+      start kubelet "$PEERS_BIN/kubelet" --config "$state/kubelet.yaml" --kubeconfig "$state/kubelet.kubeconfig" \
+        --hostname-override "$NODE_NAME" --node-ip "$ADDR" --root-dir "$state/kubelet"
+      wait_for kubelet 120 in_node busybox wget -q -O /dev/null http://127.0.0.1:10248/healthz
+      ;;
+    *)
+      log "no daemon $1"
+      return 2
+      ;;
+  esac
+}
+
+# halt NAME: SIGTERM to a daemon's session, waited for (SIGKILL after 30 s).
+halt() {
+  local f=$state/pids/$1 pid
+  [ -f "$f" ] || { log "$1 is not running"; return 1; }
+  pid=$(cat "$f")
+  kill -TERM -- "-$pid" 2> /dev/null || true
+  for _ in $(seq 300); do
+    kill -0 "$pid" 2> /dev/null || break
+    sleep 0.1
+  done
+  kill -KILL -- "-$pid" 2> /dev/null || true
+  rm -f "$f"
 }
 
 down() {
@@ -191,44 +265,42 @@ up() {
   ip -n "$NODE_NETNS" link set k8s0 up
   ip -n "$FABRIC_NETNS" link set k8s0 up
   ip -n "$NODE_NETNS" route add default dev k8s0
-  for port in ens1f0np0 ens2f0np0; do
+  for port in ens{1..8}f0np0; do
     ip -n "$NODE_NETNS" link add "$port" mtu 9000 type veth peer name "$port" netns "$FABRIC_NETNS" mtu 9000
     ip -n "$NODE_NETNS" link set "$port" up
     ip -n "$FABRIC_NETNS" link set "$port" up
   done
 
+  echo "$PEERS_BIN" > "$state/peers-bin"
   certs
+  # Audit: only the CNI plugins' service accounts, at Metadata level (who, what, when).
+  cat > "$state/audit-policy.yaml" << EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users:
+  - system:serviceaccount:kube-system:plexus
+  - system:serviceaccount:kube-system:multus
+  - system:serviceaccount:kube-system:whereabouts
+- level: None
+EOF
   kubeconfig "$state/admin.kubeconfig" "$ADMIN_TOKEN"
   kubeconfig "$state/kubelet.kubeconfig" "$NODE_TOKEN"
 
   log "etcd"
-  start etcd "$PEERS_BIN/etcd" --data-dir "$state/etcd" --listen-client-urls http://127.0.0.1:2379 \
-    --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380 --log-level error
-  wait_for etcd 60 in_node "$PEERS_BIN/etcdctl" --endpoints http://127.0.0.1:2379 endpoint health
+  daemon etcd
 
   log "kube-apiserver"
-  start kube-apiserver "$PEERS_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
-    --advertise-address "$ADDR" --secure-port 6443 --tls-cert-file "$state/pki/apiserver.crt" \
-    --tls-private-key-file "$state/pki/apiserver.key" --client-ca-file "$state/pki/ca.crt" \
-    --token-auth-file "$state/pki/tokens.csv" --service-account-issuer https://kubernetes.default.svc \
-    --service-account-key-file "$state/pki/sa.pub" --service-account-signing-key-file "$state/pki/sa.key" \
-    --service-cluster-ip-range "$SERVICE_CIDR" --authorization-mode Node,RBAC \
-    --enable-admission-plugins NodeRestriction --allow-privileged=true \
-    --kubelet-preferred-address-types InternalIP --kubelet-client-certificate "$state/pki/kubelet-client.crt" \
-    --kubelet-client-key "$state/pki/kubelet-client.key"
-  wait_for kube-apiserver 120 in_node "$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig" get --raw /readyz
+  daemon kube-apiserver
   # No kube-proxy: the kubernetes service's address (what in-cluster clients get in
   # KUBERNETES_SERVICE_HOST) is translated to the apiserver in the node namespace, as kube-proxy would.
   in_node iptables -t nat -A OUTPUT -d "${SERVICE_CIDR%.0/24}.1" -p tcp --dport 443 -j DNAT --to-destination "$ADDR:6443"
 
   log "kube-controller-manager, kube-scheduler"
-  start kube-controller-manager "$PEERS_BIN/kube-controller-manager" --kubeconfig "$state/admin.kubeconfig" \
-    --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
-    --root-ca-file "$state/pki/ca.crt" --service-account-private-key-file "$state/pki/sa.key" \
-    --use-service-account-credentials --leader-elect=false --controllers '*,-nodeipam'
-  start kube-scheduler "$PEERS_BIN/kube-scheduler" --kubeconfig "$state/admin.kubeconfig" \
-    --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
-    --leader-elect=false
+  daemon kube-controller-manager
+  daemon kube-scheduler
 
   log "containerd"
   cp "$PEERS_BIN"/{loopback,bridge,host-local} "$state/bin/"
@@ -238,6 +310,8 @@ root = "$state/containerd/root"
 state = "$state/containerd/state"
 [grpc]
   address = "$state/containerd.sock"
+[debug]
+  level = "debug"
 [ttrpc]
   address = "$state/containerd-ttrpc.sock"
 [plugins.'io.containerd.cri.v1.runtime']
@@ -266,9 +340,7 @@ EOF
   printf '{"dataRoots": ["%s"]}\n' "$state/data" > "$state/policy.json"
   chmod 600 "$state/policy.json"
   mkdir -p "$state/data"
-  start containerd env PATH="$PEERS_BIN:$PATH" PLEXUS_POLICY="$state/policy.json" \
-    "$PEERS_BIN/containerd" --config "$state/containerd.toml"
-  wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" version
+  daemon containerd
   images
 
   log "kubelet"
@@ -290,8 +362,7 @@ podCIDR: $POD_CIDR
 staticPodPath: "$state/manifests"
 EOF
   mkdir -p "$state/manifests"
-  start kubelet "$PEERS_BIN/kubelet" --config "$state/kubelet.yaml" --kubeconfig "$state/kubelet.kubeconfig" \
-    --hostname-override "$NODE_NAME" --node-ip "$ADDR" --root-dir "$state/kubelet"
+  daemon kubelet
   kubectl=("$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig")
   wait_for kubelet 180 in_node "${kubectl[@]}" wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
   # Pods need their namespace's service account, which the controller-manager creates.
@@ -319,11 +390,20 @@ PEERS_BIN=$PEERS_BIN
 EOF
 }
 
+# For stop/start/restart: the peers `up` used.
+peers_of_up() {
+  [ -f "$state/peers-bin" ] || { log "no cluster is up"; exit 1; }
+  PEERS_BIN=$(cat "$state/peers-bin")
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
+  stop) peers_of_up; halt "${2:?daemon name}" ;;
+  start) peers_of_up; daemon "${2:?daemon name}" ;;
+  restart) peers_of_up; halt "${2:?daemon name}"; daemon "$2" ;;
   *)
-    echo "usage: bash scripts/cluster.sh up|down" >&2
+    echo "usage: bash scripts/cluster.sh up|down|stop DAEMON|start DAEMON|restart DAEMON" >&2
     exit 2
     ;;
 esac

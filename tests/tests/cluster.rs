@@ -2,11 +2,16 @@
 //! etcd, kube-apiserver, controller-manager, scheduler, containerd CRI, kubelet) into a network
 //! namespace of its own, `scripts/cluster-install.sh` installs plexus through the deployment
 //! manifests (CRD, ServiceAccount, least RBAC, DaemonSet), and from then on kubelet → containerd
-//! → plexus sets up every pod's networks. One test: the cluster takes a minute to come up.
+//! → plexus sets up every pod's networks.
+//!
+//! Each test brings up a cluster of its own (about a minute) and they share the node's names, so
+//! they run one at a time: a lock here for `cargo test`, the `cluster` test group for nextest
+//! (.config/nextest.toml).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -15,16 +20,21 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+
 /// The cluster, removed on drop (panics included).
 struct Cluster {
     env: BTreeMap<String, String>,
+    _one: MutexGuard<'static, ()>,
 }
 
 impl Cluster {
-    fn up() -> Cluster {
+    /// A cluster with plexus installed; `meta_keys` are added to its meta config.
+    fn up(meta_keys: &str) -> Cluster {
         plexus_tests::require_root();
+        let one = ONE_CLUSTER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Removed on drop from here on, also when coming up fails halfway.
-        let mut c = Cluster { env: BTreeMap::new() };
+        let mut c = Cluster { env: BTreeMap::new(), _one: one };
         let out = Command::new("bash").arg(repo().join("scripts/cluster.sh")).arg("up").output().unwrap();
         assert!(out.status.success(), "cluster.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
         c.env = String::from_utf8_lossy(&out.stdout)
@@ -34,8 +44,12 @@ impl Cluster {
         for key in ["KUBECONFIG", "NODE_NETNS", "NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "TEST_IMAGE", "PEERS_BIN"] {
             assert!(c.env.contains_key(key), "cluster.sh up printed no {key}");
         }
-        let install =
-            Command::new("bash").arg(repo().join("scripts/cluster-install.sh")).envs(&c.env).output().unwrap();
+        let install = Command::new("bash")
+            .arg(repo().join("scripts/cluster-install.sh"))
+            .envs(&c.env)
+            .env("PLEXUS_META_KEYS", meta_keys)
+            .output()
+            .unwrap();
         assert!(install.status.success(), "cluster-install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
         c
     }
@@ -44,12 +58,20 @@ impl Cluster {
         &self.env[key]
     }
 
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    fn state(&self) -> &Path {
+        Path::new(self.var("KUBECONFIG")).parent().unwrap()
+    }
+
+    fn data(&self) -> PathBuf {
+        self.state().join("data")
+    }
+
+    /// A peer binary run in the node's network namespace.
+    fn peer(&self, tool: &str, args: &[&str], stdin: Option<&str>) -> (bool, String) {
         use std::io::Write;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.var("NODE_NETNS")])
-            .arg(Path::new(self.var("PEERS_BIN")).join("kubectl"))
-            .args(["--kubeconfig", self.var("KUBECONFIG")])
+            .arg(Path::new(self.var("PEERS_BIN")).join(tool))
             .args(args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -63,25 +85,189 @@ impl Cluster {
         )
     }
 
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+        let mut all = vec!["--kubeconfig", self.var("KUBECONFIG")];
+        all.extend_from_slice(args);
+        self.peer("kubectl", &all, stdin)
+    }
+
+    fn crictl(&self, args: &[&str]) -> (bool, String) {
+        let endpoint = format!("unix://{}/containerd.sock", self.state().display());
+        let mut all = vec!["--runtime-endpoint", endpoint.as_str(), "--timeout", "60s"];
+        all.extend_from_slice(args);
+        self.peer("crictl", &all, None)
+    }
+
     fn apply(&self, yaml: &str) {
         let (ok, out) = self.kubectl(&["apply", "-f", "-"], Some(yaml));
         assert!(ok, "kubectl apply: {out}");
     }
 
-    fn pod_json(&self, name: &str) -> Value {
-        let (ok, out) = self.kubectl(&["get", "pod", name, "-o", "json"], None);
+    fn pod_json(&self, ns: &str, name: &str) -> Value {
+        let (ok, out) = self.kubectl(&["-n", ns, "get", "pod", name, "-o", "json"], None);
         assert!(ok, "{out}");
         serde_json::from_str(&out).unwrap()
     }
 
+    /// The pod's network-status annotation, as the API server has it.
+    fn network_status(&self, ns: &str, name: &str) -> Vec<Value> {
+        let p = self.pod_json(ns, name);
+        let text = p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{ns}/{name} has no network-status: {p}"));
+        serde_json::from_str::<Value>(text).unwrap().as_array().unwrap().clone()
+    }
+
+    fn wait_ready(&self, ns: &str, what: &str, timeout: &str) {
+        let t = format!("--timeout={timeout}");
+        let (ok, out) = self.kubectl(&["-n", ns, "wait", "--for=condition=Ready", what, &t], None);
+        assert!(ok, "{ns}/{what} not Ready: {out}\n{}", self.kubectl(&["-n", ns, "describe", what], None).1);
+    }
+
+    fn delete(&self, ns: &str, what: &[&str]) {
+        let mut args = vec!["-n", ns, "delete", "--wait=true", "--timeout=300s"];
+        args.extend_from_slice(what);
+        let (ok, out) = self.kubectl(&args, None);
+        assert!(ok, "{out}");
+    }
+
+    /// The IPv4 addresses of a pod's interfaces, as the pod sees them (`net1 198.18.240.1/24`).
+    fn pod_addrs(&self, ns: &str, name: &str) -> BTreeSet<String> {
+        let (ok, out) = self.kubectl(&["-n", ns, "exec", name, "--", "ip", "-o", "-4", "addr"], None);
+        assert!(ok, "{out}");
+        out.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() > 3 && f[1].starts_with("net")).then(|| format!("{} {}", f[1], f[3]))
+            })
+            .collect()
+    }
+
+    /// The events of one object, their messages joined.
+    fn events(&self, ns: &str, name: &str) -> String {
+        let selector = format!("involvedObject.name={name}");
+        let (_, out) = self.kubectl(
+            &["-n", ns, "get", "events", "--field-selector", &selector, "-o", "jsonpath={.items[*].message}"],
+            None,
+        );
+        out
+    }
+
+    fn wait_event(&self, ns: &str, name: &str, text: &str) {
+        wait_until(&format!("{text:?} in the events of {ns}/{name}"), Duration::from_secs(90), || {
+            self.events(ns, name).contains(text)
+        });
+    }
+
+    /// Addresses plexus-ipam holds (files in every domain's `ips/`).
+    fn reservations(&self) -> usize {
+        let Ok(domains) = std::fs::read_dir(self.data().join("ipam")) else { return 0 };
+        domains.flatten().map(|d| std::fs::read_dir(d.path().join("ips")).map(|r| r.count()).unwrap_or(0)).sum()
+    }
+
+    /// Entries in a data directory (`meta`: the meta-plugin's cache; `hd`: host-device state).
     fn data_files(&self, sub: &str) -> usize {
-        let dir = Path::new(self.var("KUBECONFIG")).parent().unwrap().join("data").join(sub);
-        std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+        std::fs::read_dir(self.data().join(sub)).map(|d| d.count()).unwrap_or(0)
+    }
+
+    fn node_ip(&self, args: &[&str]) -> String {
+        let out = Command::new("ip").args(["-n", self.var("NODE_NETNS")]).args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn node_link_up(&self, name: &str) -> bool {
         let out = Command::new("ip").args(["-n", self.var("NODE_NETNS"), "-j", "link", "show", name]).output().unwrap();
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("\"UP\"")
+    }
+
+    /// The node namespace's links and addresses, the cluster's own pod veths left out (the
+    /// bootstrap bridge plugin's bridge cni0 and veths): what a leak would change.
+    fn node_state(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let links: Value = serde_json::from_str(&self.node_ip(&["-j", "link"])).unwrap();
+        let addrs: Value = serde_json::from_str(&self.node_ip(&["-j", "addr"])).unwrap();
+        let ours = |name: &str| !name.starts_with("veth") && name != "cni0";
+        let links = links
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["ifname"].as_str().unwrap().to_string())
+            .filter(|n| ours(n))
+            .collect();
+        let addrs = addrs
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| ours(l["ifname"].as_str().unwrap()))
+            .flat_map(|l| {
+                let name = l["ifname"].as_str().unwrap().to_string();
+                l["addr_info"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(move |a| format!("{name} {}", a["local"]))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        (links, addrs)
+    }
+
+    /// CNI ADDs containerd started so far (its debug log's "begin cni setup").
+    fn cni_adds(&self) -> usize {
+        std::fs::read_to_string(self.state().join("log/containerd.log"))
+            .unwrap_or_default()
+            .matches("begin cni setup")
+            .count()
+    }
+
+    /// `cluster.sh stop|start|restart DAEMON`.
+    fn daemon(&self, action: &str, name: &str) {
+        let out = Command::new("bash").arg(repo().join("scripts/cluster.sh")).args([action, name]).output().unwrap();
+        assert!(out.status.success(), "cluster.sh {action} {name}:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The ID of the pod's ready sandbox, if it has one.
+    fn sandbox(&self, ns: &str, name: &str) -> Option<String> {
+        let (ok, out) = self.crictl(&["pods", "--namespace", ns, "--name", name, "--state", "ready", "-q"]);
+        assert!(ok, "{out}");
+        out.lines().next().map(str::to_string)
+    }
+
+    fn nad(&self, ns: &str, name: &str, config: &str) -> String {
+        format!(
+            "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  config: '{config}'\n---\n"
+        )
+    }
+
+    fn ipam(&self, range: &str) -> String {
+        format!(r#""ipam": {{"type": "plexus-ipam", "range": "{range}", "dataDir": "{}/ipam"}}"#, self.data().display())
+    }
+
+    fn macvlan_nad(&self, ns: &str, name: &str, master: &str, range: &str) -> String {
+        let ipam = self.ipam(range);
+        self.nad(
+            ns,
+            name,
+            &format!(r#"{{"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "{master}", {ipam}}}"#),
+        )
+    }
+
+    fn hostdev_nad(&self, ns: &str, name: &str, device: &str, range: &str) -> String {
+        let (ipam, data) = (self.ipam(range), self.data().display().to_string());
+        self.nad(
+            ns,
+            name,
+            &format!(
+                r#"{{"cniVersion": "1.0.0", "type": "plexus-host-device", "device": "{device}", "dataDir": "{data}/hd", {ipam}}}"#
+            ),
+        )
+    }
+
+    fn pod(&self, ns: &str, name: &str, networks: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{app: plexus-test}}\n  annotations: {{k8s.v1.cni.cncf.io/networks: \"{networks}\"}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - {{name: c, image: {}, imagePullPolicy: Never, command: [\"/bin/sh\", \"-c\", \"sleep 3600\"]}}\n---\n",
+            self.var("TEST_IMAGE")
+        )
     }
 }
 
@@ -101,67 +287,180 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn kubelet_runs_a_pod_on_two_plexus_networks_and_a_missing_nad_fails_cleanly() {
-    let c = Cluster::up();
-    let data = Path::new(c.var("KUBECONFIG")).parent().unwrap().join("data");
-    let ipam = format!(
-        r#""ipam": {{"type": "plexus-ipam", "range": "198.18.240.0/24", "dataDir": "{}/ipam"}}"#,
-        data.display()
+    let c = Cluster::up("");
+    c.apply(
+        &(c.macvlan_nad("default", "rail0", "ens1f0np0", "198.18.240.0/24")
+            + &c.hostdev_nad("default", "hostdev", "ens2f0np0", "198.18.241.0/24")),
     );
-    let ipam1 = ipam.replace("198.18.240.0", "198.18.241.0");
-    c.apply(&format!(
-        r#"apiVersion: k8s.cni.cncf.io/v1
-kind: NetworkAttachmentDefinition
-metadata: {{name: rail0, namespace: default}}
-spec:
-  config: '{{"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "ens1f0np0", {ipam}}}'
----
-apiVersion: k8s.cni.cncf.io/v1
-kind: NetworkAttachmentDefinition
-metadata: {{name: hostdev, namespace: default}}
-spec:
-  config: '{{"cniVersion": "1.0.0", "type": "plexus-host-device", "device": "ens2f0np0", "dataDir": "{}/hd", {ipam1}}}'
-"#,
-        data.display()
-    ));
-    let pod = |name: &str, networks: &str| {
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  annotations: {{k8s.v1.cni.cncf.io/networks: \"{networks}\"}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - {{name: c, image: {}, imagePullPolicy: Never, command: [\"/bin/sh\", \"-c\", \"sleep 3600\"]}}\n",
-            c.var("TEST_IMAGE")
-        )
-    };
-    c.apply(&pod("trainer", "rail0,hostdev"));
-    let (ok, out) = c.kubectl(&["wait", "--for=condition=Ready", "pod/trainer", "--timeout=90s"], None);
-    assert!(ok, "the pod did not become Ready: {out}\n{}", c.kubectl(&["describe", "pod", "trainer"], None).1);
-    let (ok, addrs) = c.kubectl(&["exec", "trainer", "--", "ip", "-o", "-4", "addr"], None);
-    assert!(ok, "{addrs}");
-    assert!(addrs.contains("net1    inet 198.18.240.1/24"), "{addrs}");
-    assert!(addrs.contains("net2    inet 198.18.241.1/24"), "{addrs}");
+    c.apply(&c.pod("default", "trainer", "rail0,hostdev"));
+    c.wait_ready("default", "pod/trainer", "90s");
+    let addrs = c.pod_addrs("default", "trainer");
+    assert_eq!(addrs, BTreeSet::from(["net1 198.18.240.1/24".into(), "net2 198.18.241.1/24".into()]));
     assert!(!c.node_link_up("ens2f0np0"), "the host device is in the pod");
+    assert_eq!(c.reservations(), 2);
     // network-status, read back from the API server: plexus wrote it with the DaemonSet's
     // service account (the RBAC of conf-examples/deploy is enough).
-    let p = c.pod_json("trainer");
-    let status: Value =
-        serde_json::from_str(p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str().unwrap())
-            .unwrap();
-    let names: Vec<&str> = status.as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let status = c.network_status("default", "trainer");
+    let names: Vec<&str> = status.iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["bootstrap", "default/rail0", "default/hostdev"]);
     assert_eq!(status[1]["ips"][0], "198.18.240.1");
     assert_eq!(status[2]["ips"][0], "198.18.241.1");
     // Deleting the pod: both addresses released, the device back with its host state.
-    let (ok, out) = c.kubectl(&["delete", "pod", "trainer", "--wait=true", "--timeout=90s"], None);
-    assert!(ok, "{out}");
-    wait_until("addresses released", Duration::from_secs(30), || c.data_files("ipam/default/ips") == 0);
+    c.delete("default", &["pod", "trainer"]);
+    wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
     wait_until("device back on the node", Duration::from_secs(30), || c.node_link_up("ens2f0np0"));
     assert_eq!((c.data_files("hd"), c.data_files("meta")), (0, 0), "no state or cache left");
     // A NAD that does not exist: the pod's events carry plexus's error, nothing leaks.
-    c.apply(&pod("orphan", "nosuch"));
-    wait_until("plexus's error in the pod's events", Duration::from_secs(60), || {
-        let (_, ev) =
-            c.kubectl(&["get", "events", "--field-selector", "involvedObject.name=orphan", "-o", "json"], None);
-        ev.contains("cannot find a network-attachment-definition (nosuch) in namespace (default)")
-    });
-    assert_eq!(c.data_files("ipam/default/ips"), 0);
-    let (ok, out) = c.kubectl(&["delete", "pod", "orphan", "--wait=true", "--timeout=90s"], None);
-    assert!(ok, "{out}");
+    c.apply(&c.pod("default", "orphan", "nosuch"));
+    c.wait_event("default", "orphan", "cannot find a network-attachment-definition (nosuch) in namespace (default)");
+    assert_eq!(c.reservations(), 0);
+    c.delete("default", &["pod", "orphan"]);
     wait_until("no cache left", Duration::from_secs(30), || c.data_files("meta") == 0);
+}
+
+#[test]
+fn pods_keep_their_networks_across_kubelet_and_containerd_restarts_and_del_needs_no_api_server() {
+    let c = Cluster::up("");
+    c.apply(
+        &(c.macvlan_nad("default", "rail0", "ens1f0np0", "198.18.240.0/24")
+            + &c.hostdev_nad("default", "hostdev", "ens2f0np0", "198.18.241.0/24")),
+    );
+    c.apply(&c.pod("default", "steady", "rail0,hostdev"));
+    c.wait_ready("default", "pod/steady", "90s");
+    let sandbox = c.sandbox("default", "steady").expect("a ready sandbox");
+    let addrs = c.pod_addrs("default", "steady");
+    let status = c.network_status("default", "steady");
+    let adds = c.cni_adds();
+    assert_eq!(addrs.len(), 2, "{addrs:?}");
+
+    // Restarts: the same sandbox keeps its interfaces, addresses, reservations and status; no
+    // new CNI ADD, no container restart.
+    for daemon in ["kubelet", "containerd"] {
+        c.daemon("restart", daemon);
+        c.wait_ready("default", "pod/steady", "90s");
+        // The kubelet's first sync after a restart comes within seconds: give it time to act.
+        std::thread::sleep(Duration::from_secs(15));
+        assert_eq!(c.sandbox("default", "steady").as_deref(), Some(sandbox.as_str()), "after {daemon} restart");
+        assert_eq!(c.pod_addrs("default", "steady"), addrs, "after {daemon} restart");
+        assert_eq!(c.network_status("default", "steady"), status, "after {daemon} restart");
+        assert_eq!(c.pod_json("default", "steady")["status"]["containerStatuses"][0]["restartCount"], 0);
+        assert_eq!((c.cni_adds(), c.reservations()), (adds, 2), "after {daemon} restart");
+        assert!(!c.node_link_up("ens2f0np0"), "the host device stays in the pod");
+    }
+
+    // The API server down while the sandbox is removed: DEL runs from plexus's cache and releases
+    // everything; the kubelet's attempts to recreate the sandbox meanwhile fail without holding
+    // anything (plexus cannot read the pod).
+    c.daemon("stop", "kube-apiserver");
+    let (ok, out) = c.crictl(&["stopp", &sandbox]);
+    assert!(ok, "crictl stopp: {out}");
+    let (ok, out) = c.crictl(&["rmp", &sandbox]);
+    assert!(ok, "crictl rmp: {out}");
+    assert_eq!(c.reservations(), 0, "addresses released with the API server down");
+    wait_until("device back on the node", Duration::from_secs(10), || c.node_link_up("ens2f0np0"));
+    assert_eq!((c.data_files("hd"), c.data_files("meta")), (0, 0), "no state or cache left");
+
+    // API server back: the kubelet gives the pod a new sandbox with both networks again.
+    c.daemon("start", "kube-apiserver");
+    wait_until("a new sandbox", Duration::from_secs(180), || {
+        c.sandbox("default", "steady").is_some_and(|s| s != sandbox) && c.reservations() == 2
+    });
+    c.wait_ready("default", "pod/steady", "120s");
+    assert_eq!(c.pod_addrs("default", "steady").len(), 2);
+    c.delete("default", &["pod", "steady"]);
+    wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
+    wait_until("device back on the node", Duration::from_secs(30), || c.node_link_up("ens2f0np0"));
+    assert_eq!((c.data_files("hd"), c.data_files("meta")), (0, 0), "no state or cache left");
+}
+
+#[test]
+fn fifty_pods_on_two_networks_come_and_go_leaving_nothing_behind() {
+    const PODS: usize = 50;
+    let c = Cluster::up("");
+    c.apply(
+        &(c.macvlan_nad("default", "rail0", "ens1f0np0", "198.18.240.0/24")
+            + &c.macvlan_nad("default", "rail1", "ens3f0np0", "198.18.242.0/24")),
+    );
+    let before = c.node_state();
+    let pods: String = (0..PODS).map(|i| c.pod("default", &format!("churn-{i}"), "rail0,rail1")).collect();
+    c.apply(&pods);
+    let (ok, out) = c.kubectl(
+        &["-n", "default", "wait", "--for=condition=Ready", "pod", "-l", "app=plexus-test", "--timeout=600s"],
+        None,
+    );
+    assert!(ok, "not every pod became Ready: {out}");
+    let mut seen = BTreeSet::new();
+    for i in 0..PODS {
+        let status = c.network_status("default", &format!("churn-{i}"));
+        assert_eq!(status.len(), 3, "churn-{i}: {status:?}");
+        for s in &status[1..] {
+            assert!(seen.insert(s["ips"][0].as_str().unwrap().to_string()), "duplicate address: {s}");
+        }
+    }
+    assert_eq!((seen.len(), c.reservations(), c.data_files("meta")), (2 * PODS, 2 * PODS, PODS));
+    c.delete("default", &["pod", "-l", "app=plexus-test"]);
+    wait_until("every address released", Duration::from_secs(120), || c.reservations() == 0);
+    wait_until("every cache entry removed", Duration::from_secs(60), || c.data_files("meta") == 0);
+    assert_eq!(c.node_state(), before, "the node's links and addresses are as before");
+    // Sandboxes of deleted pods are stopped (CNI DEL) at once and removed later by the kubelet's GC.
+    let (ok, out) = c.crictl(&["pods", "--namespace", "default", "--state", "ready", "-q"]);
+    assert!(ok && out.lines().all(|l| l.starts_with("time=")), "sandboxes still running: {out}");
+}
+
+#[test]
+fn namespace_isolation_and_the_policys_tenant_rules_hold_with_the_api_servers_objects() {
+    let c = Cluster::up(r#""namespaceIsolation": true"#);
+    // The admin's node policy: pods of tenant-a may put macvlans only on ens4f0np0.
+    let policy = format!(
+        r#"{{"dataRoots": ["{}"], "allow": {{"namespaces": {{"tenant-a": {{"parents": ["ens4f0np0"]}}}}}}}}"#,
+        c.data().display()
+    );
+    std::fs::write(c.var("PLEXUS_POLICY"), policy).unwrap();
+    for ns in ["tenant-a", "tenant-b"] {
+        let (ok, out) = c.kubectl(&["create", "namespace", ns], None);
+        assert!(ok, "{out}");
+        wait_until(&format!("{ns}'s service account"), Duration::from_secs(60), || {
+            c.kubectl(&["-n", ns, "get", "serviceaccount", "default"], None).0
+        });
+    }
+    c.apply(
+        &(c.macvlan_nad("tenant-a", "own", "ens4f0np0", "198.18.243.0/24")
+            + &c.macvlan_nad("tenant-a", "elsewhere", "ens5f0np0", "198.18.244.0/24")
+            + &c.macvlan_nad("tenant-b", "theirs", "ens6f0np0", "198.18.245.0/24")
+            + &c.macvlan_nad("default", "shared", "ens1f0np0", "198.18.246.0/24")),
+    );
+    let before = c.node_state();
+    c.apply(
+        &(c.pod("tenant-a", "ok", "own")
+            + &c.pod("tenant-b", "free", "theirs")
+            + &c.pod("tenant-a", "crossns", "tenant-b/theirs")
+            + &c.pod("tenant-a", "wrongport", "elsewhere")
+            + &c.pod("tenant-a", "viadefault", "default/shared")),
+    );
+    // Allowed: a tenant's own NAD on its port; a namespace without rules.
+    c.wait_ready("tenant-a", "pod/ok", "90s");
+    c.wait_ready("tenant-b", "pod/free", "90s");
+    assert_eq!(c.pod_addrs("tenant-a", "ok"), BTreeSet::from(["net1 198.18.243.1/24".to_string()]));
+    assert_eq!(c.pod_addrs("tenant-b", "free"), BTreeSet::from(["net1 198.18.245.1/24".to_string()]));
+    // Refused: another tenant's NAD (isolation), a port the policy does not give tenant-a, also
+    // through a NAD of the global namespace.
+    c.wait_event(
+        "tenant-a",
+        "crossns",
+        "namespace isolation: pod tenant-a/crossns may not use network-attachment-definition tenant-b/theirs",
+    );
+    c.wait_event("tenant-a", "wrongport", r#"master "ens5f0np0" is not allowed by the node policy"#);
+    c.wait_event("tenant-a", "viadefault", r#"master "ens1f0np0" is not allowed by the node policy"#);
+    for refused in ["crossns", "wrongport", "viadefault"] {
+        let phase = &c.pod_json("tenant-a", refused)["status"]["phase"];
+        assert_eq!(phase, "Pending", "{refused}");
+    }
+    // Nothing held for the refused pods: the two running pods' addresses and cache entries only,
+    // and no macvlan left on the node.
+    assert_eq!((c.reservations(), c.data_files("meta")), (2, 2));
+    assert_eq!(c.node_state(), before);
+    c.delete("tenant-a", &["pod", "--all"]);
+    c.delete("tenant-b", &["pod", "--all"]);
+    wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
+    wait_until("every cache entry removed", Duration::from_secs(60), || c.data_files("meta") == 0);
 }
