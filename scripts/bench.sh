@@ -32,7 +32,7 @@ REF=/usr/lib/cni
 
 # SECTIONS picks sections (default: all); BENCH_WORK keeps results in (and reuses) a directory, so
 # a later run can add sections to the same report.
-SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta}
+SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta cluster}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 work=${BENCH_WORK:-$(mktemp -d)}
 mkdir -p "$work"
@@ -275,6 +275,11 @@ mv "$work/meta-api.json.out" "$work/meta-api-result.json"
 eval "exec ${FAKE[1]}>&-"
 wait "$FAKE_PID" 2>/dev/null || true
 ip -n "$pod" link del net1 2>/dev/null || true
+fi
+
+if want cluster; then
+echo "== a real node: plexus vs Multus + macvlan + whereabouts (scripts/bench/cluster.sh)"
+bash scripts/bench/cluster.sh "$work"
 fi
 
 echo "== writing BENCHMARKS.md"

@@ -113,3 +113,37 @@ print(f"| peak RSS of one plexus ADD (`nadDir`) | {mrss/1024:.1f} MiB |")
 print("\nEach timed plexus ADD is a fresh pod's: the previous run's link and delegate cache are removed")
 print("before it (outside the timing), as DEL would; the cache is written once before the delegate and")
 print("the delegate's result appended to it.")
+
+if os.path.exists(os.path.join(work, "cluster.json")):
+    c = load("cluster")
+    print("\n## A real node: plexus against Multus + macvlan + whereabouts (issue #13)\n")
+    print(f"`scripts/bench/cluster.sh` on the single-node cluster of `scripts/cluster.sh` (kubelet, containerd,")
+    print(f"kube-apiserver built from their modules; {c['date']}). Per run, {c['pods']} pods created at once, each with N")
+    print("macvlan RoCE networks on N ports; the stacks swap the CNI config file between runs, and both first")
+    print("pass the same functional check (a 2-network pod Ready, its addresses in the pod and in")
+    print("network-status, everything released on delete). Today's stack: Multus thin v4.2.3 + reference")
+    print("macvlan v1.9.1 + whereabouts v0.9.2 on its Kubernetes store (IPPool, OverlappingRangeIPReservation,")
+    print("its Lease). plexus: plexus + plexus-macvlan + plexus-ipam on its default node-local file store (the")
+    print("Kubernetes store on whereabouts' objects is issue #15's). CNI ADD = containerd's debug log, \"begin")
+    print("cni setup\" → \"cni result\", per sandbox (the bootstrap cluster network, a bridge, included for both).")
+    print("API requests = the apiserver's audit log for the plugins' service accounts, per pod.\n")
+    print("| networks | stack | CNI ADD median (p90) | all pods Ready | API requests per pod, ADD / DEL |")
+    print("|---:|---|---:|---:|---:|")
+    by = {(r["stack"], r["networks"]): r for r in c["runs"]}
+    for n in sorted({r["networks"] for r in c["runs"]}):
+        for stack, label in (("multus", "Multus + macvlan + whereabouts"), ("plexus", "plexus")):
+            r = by[(stack, n)]
+            print(f"| {n} | {label} | {r['cni_add']['median']:.0f} ms ({r['cni_add']['p90']:.0f} ms) | {r['wall_s']:.1f} s "
+                  f"| {r['api_add']['total_per_pod']:.1f} / {r['api_del']['total_per_pod']:.1f} |")
+    print("\n| networks | plexus CNI ADD / theirs (median) | target |")
+    print("|---:|---:|---|")
+    for n in sorted({r["networks"] for r in c["runs"]}):
+        ratio = by[("plexus", n)]["cni_add"]["median"] / by[("multus", n)]["cni_add"]["median"]
+        print(f"| {n} | {ratio:.3f} | {'≤ 0.5' if n == 8 else '—'} |")
+    n = max(r["networks"] for r in c["runs"])
+    print(f"\nAPI requests per pod with {n} networks, by verb (ADD):\n")
+    for stack in ("multus", "plexus"):
+        verbs = by[(stack, n)]["api_add"]["by_verb"]
+        print(f"- {stack}: " + ", ".join(f"{k} {v / c['pods']:.1f}" for k, v in verbs.items()))
+    print("\nplexus's DEL reads nothing from the API (its cache holds what DEL needs); Multus reads the pod and")
+    print("whereabouts takes its Lease for every address it frees.")

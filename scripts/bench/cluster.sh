@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# Side by side on one real node (scripts/cluster.sh): the stack users run today — Multus thin +
+# the reference macvlan + whereabouts (its Kubernetes store) — against plexus + plexus-macvlan +
+# plexus-ipam (its default node-local store), swapping the CNI config file between runs. Both
+# stacks first pass the same functional check (a pod on two networks: Ready, addresses in the pod
+# and in network-status, everything released on delete). Then, for each stack and for 1, 4 and 8
+# RoCE networks per pod: PODS pods created at once, and
+#   - the CNI ADD time of each sandbox as containerd logs it ("begin cni setup" → "cni result"),
+#   - the time from creation to all pods Ready,
+#   - the API requests of the CNI plugins' service accounts per pod (the apiserver's audit log).
+# Writes OUT/cluster.json (scripts/bench/report.py renders it). Figures, never a pass/fail on time.
+#
+#   bash scripts/bench/cluster.sh OUT
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: scripts/bench/cluster.sh OUT_DIR}
+mkdir -p "$out"
+PODS=${PODS:-20}
+NETS=${NETS:-1 4 8}
+
+env_file=$(mktemp)
+trap 'bash scripts/cluster.sh down > /dev/null 2>&1 || true; rm -f "$env_file"' EXIT
+bash scripts/cluster.sh up > "$env_file"
+set -a
+# shellcheck disable=SC1090
+. "$env_file"
+set +a
+bash scripts/cluster-install.sh
+state=$(dirname "$KUBECONFIG")
+k() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+crictl() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/crictl" --runtime-endpoint "unix://$state/containerd.sock" "$@" 2> /dev/null; }
+log() { echo "bench/cluster.sh: $*" >&2; }
+
+# The peers, installed as their projects install them: binaries in the CNI bin dir, their own
+# ServiceAccounts and RBAC (taken from their manifests), kubeconfigs with those accounts' tokens.
+cp "$PEERS_BIN"/{multus,macvlan,whereabouts} "$CNI_BIN_DIR/"
+gomod=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod
+multus_dir=$(cd tests/peers/multus && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
+wb_dir=$(cd tests/peers/whereabouts && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/whereabouts)
+rbac_of() { # the ServiceAccount, ClusterRole and ClusterRoleBinding documents of a manifest
+  python3 -c '
+import re, sys
+for doc in re.split(r"^---\s*$", open(sys.argv[1]).read(), flags=re.M):
+    if re.search(r"^kind: (ServiceAccount|ClusterRole|ClusterRoleBinding)\s*$", doc, re.M):
+        print("---"); print(doc.strip())' "$1"
+}
+{ rbac_of "$multus_dir/deployments/multus-daemonset.yml"; rbac_of "$wb_dir/doc/crds/daemonset-install.yaml"; } | k apply -f - > /dev/null
+for sa in multus whereabouts; do
+  token=$(k -n kube-system create token "$sa" --duration 4h)
+  umask 077
+  cat > "$state/$sa.kubeconfig" << EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: "https://198.18.250.1:6443", certificate-authority: "$state/pki/ca.crt"}
+users:
+- name: $sa
+  user: {token: "$token"}
+contexts:
+- name: $sa
+  context: {cluster: local, user: $sa, namespace: kube-system}
+current-context: $sa
+EOF
+done
+
+# whereabouts needs its flat file (its DaemonSet writes one to /etc/cni/net.d/whereabouts.d/).
+printf '{"datastore": "kubernetes", "kubernetes": {"kubeconfig": "%s"}}\n' "$state/whereabouts.kubeconfig" > "$state/whereabouts.conf"
+
+# Eight rails per stack, the same ports and ranges (the stacks never run at once).
+nads=""
+for i in 0 1 2 3 4 5 6 7; do
+  port=ens$((i + 1))f0np0 range=198.18.$((200 + i)).0/24
+  nads+="---
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: p-rail$i, namespace: default}
+spec:
+  config: '{\"cniVersion\": \"1.0.0\", \"type\": \"plexus-macvlan\", \"master\": \"$port\", \"mode\": \"bridge\",
+    \"ipam\": {\"type\": \"plexus-ipam\", \"range\": \"$range\", \"dataDir\": \"$PLEXUS_DATA_DIR/ipam\"}}'
+---
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: w-rail$i, namespace: default}
+spec:
+  config: '{\"cniVersion\": \"1.0.0\", \"type\": \"macvlan\", \"master\": \"$port\", \"mode\": \"bridge\",
+    \"ipam\": {\"type\": \"whereabouts\", \"range\": \"$range\", \"configuration_path\": \"$state/whereabouts.conf\"}}'
+"
+done
+echo "$nads" | k apply -f - > /dev/null
+
+# use_stack plexus|multus: the CNI config containerd takes (the first file of the conf dir).
+use_stack() {
+  local want
+  if [ "$1" = multus ]; then
+    cat > "$CNI_CONF_DIR/.00-multus.conf.new" << EOF
+{"cniVersion": "1.0.0", "name": "multus-cni-network", "type": "multus", "kubeconfig": "$state/multus.kubeconfig",
+ "cniDir": "$PLEXUS_DATA_DIR/multus", "binDir": "$CNI_BIN_DIR", "clusterNetwork": "$CLUSTER_NETWORK",
+ "logFile": "$state/log/multus.log", "logLevel": "error"}
+EOF
+    mv "$CNI_CONF_DIR/.00-multus.conf.new" "$CNI_CONF_DIR/00-multus.conf"
+    want=multus-cni-network
+  else
+    rm -f "$CNI_CONF_DIR/00-multus.conf"
+    want='"Name": "plexus"'
+  fi
+  for _ in $(seq 60); do
+    crictl info | grep -q "$want" && return 0
+    sleep 0.5
+  done
+  log "containerd did not take the $1 config"
+  return 1
+}
+
+# pods NAME-PREFIX COUNT NETWORKS: pod manifests, label bench=NAME-PREFIX.
+pods() {
+  for i in $(seq 1 "$2"); do
+    cat << EOF
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1-$i
+  namespace: default
+  labels: {bench: "$1"}
+  annotations: {k8s.v1.cni.cncf.io/networks: "$3"}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - {name: c, image: $TEST_IMAGE, imagePullPolicy: Never, command: ["/bin/sh", "-c", "sleep 3600"]}
+EOF
+  done
+}
+
+held() { # addresses the stack holds
+  if [ "$1" = multus ]; then
+    k get ippools.whereabouts.cni.cncf.io -A -o json | python3 -c '
+import json, sys
+print(sum(len(p["spec"].get("allocations") or {}) for p in json.load(sys.stdin)["items"]))'
+  else
+    find "$PLEXUS_DATA_DIR/ipam" -path '*/ips/*' -type f 2> /dev/null | wc -l
+  fi
+}
+
+wait_released() {
+  for _ in $(seq 240); do
+    [ "$(held "$1")" = 0 ] && return 0
+    sleep 0.5
+  done
+  log "$1: addresses still held after the pods were deleted"
+  return 1
+}
+
+prefix() { # the NAD name prefix of a stack
+  if [ "$1" = multus ]; then echo w; else echo p; fi
+}
+
+# The functional check both stacks pass before they are measured.
+check() {
+  local stack=$1 p; p=$(prefix "$1")
+  use_stack "$stack"
+  pods "check-$stack" 1 "$p-rail0,$p-rail1" | k apply -f - > /dev/null
+  k wait --for=condition=Ready pod -l "bench=check-$stack" --timeout=120s > /dev/null || {
+    k describe pod -l "bench=check-$stack" >&2
+    tail -20 "$state/log/multus.log" >&2 2> /dev/null || true
+    return 1
+  }
+  local addrs status
+  addrs=$(k exec "check-$stack-1" -- ip -o -4 addr)
+  status=$(k get pod "check-$stack-1" -o jsonpath='{.metadata.annotations.k8s\.v1\.cni\.cncf\.io/network-status}')
+  echo "$addrs" | grep -q "net1 .*inet 198.18.200." || { log "$stack: no net1 address: $addrs"; return 1; }
+  echo "$addrs" | grep -q "net2 .*inet 198.18.201." || { log "$stack: no net2 address: $addrs"; return 1; }
+  python3 -c '
+import json, sys
+s = json.loads(sys.argv[1])
+assert [e["name"] for e in s[1:]] == ["default/" + sys.argv[2] + "-rail0", "default/" + sys.argv[2] + "-rail1"], s
+assert s[1]["ips"][0].startswith("198.18.200.") and s[2]["ips"][0].startswith("198.18.201."), s' "$status" "$p"
+  [ "$(held "$stack")" = 2 ] || { log "$stack: expected 2 addresses held"; return 1; }
+  k delete pod -l "bench=check-$stack" --wait=true --timeout=120s > /dev/null
+  wait_released "$stack"
+  if [ "$stack" = multus ] && [ -n "$(k get overlappingrangeipreservations.whereabouts.cni.cncf.io -A -o name)" ]; then
+    log "multus: whereabouts left OverlappingRangeIPReservations"
+    return 1
+  fi
+  log "$stack: functional check passed"
+}
+
+# One run: PODS pods with N networks of a stack, created at once, then deleted.
+run() {
+  local stack=$1 n=$2 p name=b-$1-$2 nets="" a0 a1 a2 c0 t0 t1
+  p=$(prefix "$stack")
+  for i in $(seq 0 $((n - 1))); do nets+="${nets:+,}$p-rail$i"; done
+  a0=$(wc -l < "$state/log/audit.log")
+  c0=$(wc -l < "$state/log/containerd.log")
+  t0=$(date +%s.%N)
+  pods "$name" "$PODS" "$nets" | k apply -f - > /dev/null
+  k wait --for=condition=Ready pod -l "bench=$name" --timeout=900s > /dev/null
+  t1=$(date +%s.%N)
+  a1=$(wc -l < "$state/log/audit.log")
+  k get pods -l "bench=$name" -o json > "$out/cluster-$stack-$n-pods.json"
+  tail -n +"$((c0 + 1))" "$state/log/containerd.log" | grep -E 'begin cni setup|cni result' > "$out/cluster-$stack-$n-cni.log" || true
+  k delete pod -l "bench=$name" --wait=true --timeout=300s > /dev/null
+  wait_released "$stack"
+  a2=$(wc -l < "$state/log/audit.log")
+  sed -n "$((a0 + 1)),${a1}p" "$state/log/audit.log" > "$out/cluster-$stack-$n-audit-add.log"
+  sed -n "$((a1 + 1)),${a2}p" "$state/log/audit.log" > "$out/cluster-$stack-$n-audit-del.log"
+  local wall
+  wall=$(python3 -c "print(round($t1 - $t0, 3))")
+  echo "{\"stack\": \"$stack\", \"networks\": $n, \"pods\": $PODS, \"wall_s\": $wall}" > "$out/cluster-$stack-$n.json"
+  log "$stack, $n networks: $PODS pods Ready in $wall s"
+}
+
+check plexus
+check multus
+for n in $NETS; do
+  for stack in multus plexus; do
+    use_stack "$stack"
+    run "$stack" "$n"
+  done
+done
+use_stack plexus
+python3 scripts/bench/cluster_summary.py "$out" "$PODS" "$NETS" > "$out/cluster.json"
+cat "$out/cluster.json"

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Summarises scripts/bench/cluster.sh's raw files (OUT/cluster-<stack>-<n>-*) into one JSON."""
+import collections, datetime, json, os, re, statistics, sys
+
+out, pods, nets = sys.argv[1], int(sys.argv[2]), [int(n) for n in sys.argv[3].split()]
+LINE = re.compile(r'time="([^"]+)".*msg="(begin cni setup|cni result)[^"]*".*podsandboxid=([0-9a-f]+)')
+
+
+def instant(text):
+    # containerd prints nanoseconds; datetime takes microseconds.
+    text = re.sub(r"(\.\d{6})\d*", r"\1", text.replace("Z", "+00:00"))
+    return datetime.datetime.fromisoformat(text)
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def spread(values, unit):
+    return {"median": statistics.median(values), "p90": pct(values, 0.9), "max": max(values), "n": len(values), "unit": unit}
+
+
+def cni_add_ms(path):
+    begin, took = {}, []
+    for line in open(path):
+        m = LINE.search(line)
+        if not m:
+            continue
+        when, what, sandbox = instant(m[1]), m[2], m[3]
+        if what == "begin cni setup":
+            begin[sandbox] = when
+        elif sandbox in begin:
+            took.append((when - begin.pop(sandbox)).total_seconds() * 1000)
+    return took
+
+
+def ready_s(path):
+    took = []
+    for pod in json.load(open(path))["items"]:
+        created = instant(pod["metadata"]["creationTimestamp"])
+        ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+        took.append((instant(ready["lastTransitionTime"]) - created).total_seconds())
+    return took
+
+
+def requests(path):
+    by_user = collections.Counter()
+    by_verb = collections.Counter()
+    for line in open(path):
+        e = json.loads(line)
+        user = e["user"]["username"].rsplit(":", 1)[-1]
+        by_user[user] += 1
+        ref = e.get("objectRef", {})
+        by_verb[f'{user} {e["verb"]} {ref.get("resource", "")}{"/" + ref["subresource"] if ref.get("subresource") else ""}'] += 1
+    return {"per_pod": {u: c / pods for u, c in by_user.items()}, "total_per_pod": sum(by_user.values()) / pods,
+            "by_verb": dict(sorted(by_verb.items()))}
+
+
+runs = []
+for n in nets:
+    for stack in ("multus", "plexus"):
+        base = os.path.join(out, f"cluster-{stack}-{n}")
+        run = json.load(open(base + ".json"))
+        run["cni_add"] = spread(cni_add_ms(base + "-cni.log"), "ms")
+        run["ready"] = spread(ready_s(base + "-pods.json"), "s")
+        run["api_add"] = requests(base + "-audit-add.log")
+        run["api_del"] = requests(base + "-audit-del.log")
+        runs.append(run)
+print(json.dumps({"date": datetime.date.today().isoformat(), "pods": pods, "runs": runs}, indent=1))
