@@ -44,14 +44,19 @@ def ready_s(path):
     return took
 
 
-def requests(path):
+def requests(path, run_pods):
+    """Requests per pod of the run. Requests on other pods are left out: the kubelet's GC removes
+    the sandboxes of an earlier run's deleted pods meanwhile, and the DEL it calls (under whichever
+    stack's config is current) may read those pods."""
     by_user = collections.Counter()
     by_verb = collections.Counter()
     for line in open(path):
         e = json.loads(line)
+        ref = e.get("objectRef", {})
+        if ref.get("resource") == "pods" and not ref.get("name", "").startswith(run_pods):
+            continue
         user = e["user"]["username"].rsplit(":", 1)[-1]
         by_user[user] += 1
-        ref = e.get("objectRef", {})
         by_verb[f'{user} {e["verb"]} {ref.get("resource", "")}{"/" + ref["subresource"] if ref.get("subresource") else ""}'] += 1
     return {"per_pod": {u: c / pods for u, c in by_user.items()}, "total_per_pod": sum(by_user.values()) / pods,
             "by_verb": dict(sorted(by_verb.items()))}
@@ -64,7 +69,7 @@ for n in nets:
         run = json.load(open(base + ".json"))
         run["cni_add"] = spread(cni_add_ms(base + "-cni.log"), "ms")
         run["ready"] = spread(ready_s(base + "-pods.json"), "s")
-        run["api_add"] = requests(base + "-audit-add.log")
-        run["api_del"] = requests(base + "-audit-del.log")
+        run["api_add"] = requests(base + "-audit-add.log", f"b-{stack}-{n}-")
+        run["api_del"] = requests(base + "-audit-del.log", f"b-{stack}-{n}-")
         runs.append(run)
 print(json.dumps({"date": datetime.date.today().isoformat(), "pods": pods, "runs": runs}, indent=1))

@@ -126,7 +126,9 @@ if os.path.exists(os.path.join(work, "cluster.json")):
     print("its Lease). plexus: plexus + plexus-macvlan + plexus-ipam on its default node-local file store (the")
     print("Kubernetes store on whereabouts' objects is issue #15's). CNI ADD = containerd's debug log, \"begin")
     print("cni setup\" → \"cni result\", per sandbox (the bootstrap cluster network, a bridge, included for both).")
-    print("API requests = the apiserver's audit log for the plugins' service accounts, per pod.\n")
+    print("API requests = the apiserver's audit log for the plugins' service accounts, per pod. The 20")
+    print("sandboxes start at once on 2 cores: each ADD's time includes waiting for the CPU and, for")
+    print("whereabouts, for its cluster-wide Lease.\n")
     print("| networks | stack | CNI ADD median (p90) | all pods Ready | API requests per pod, ADD / DEL |")
     print("|---:|---|---:|---:|---:|")
     by = {(r["stack"], r["networks"]): r for r in c["runs"]}
