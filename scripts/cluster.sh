@@ -6,6 +6,8 @@
 #
 #   bash scripts/cluster.sh up     # prints KEY=value lines once the node is Ready
 #   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
+#   PLEXUS_CLUSTER_SYSFS=DIR bash scripts/cluster.sh up
+#                                  # the CNI plugins read sysfs from DIR (PLEXUS_SYSFS_ROOT)
 #   bash scripts/cluster.sh stop|start|restart DAEMON
 #                                  # one daemon (etcd, kube-apiserver, kube-controller-manager,
 #                                  # kube-scheduler, containerd, kubelet) stopped (SIGTERM, waited
@@ -112,7 +114,9 @@ daemon() {
         --leader-elect=false
       ;;
     containerd)
-      start containerd env PATH="$PEERS_BIN:$PATH" PLEXUS_POLICY="$state/policy.json" \
+      local sysfs=()
+      [ -s "$state/sysfs-root" ] && sysfs=(PLEXUS_SYSFS_ROOT="$(cat "$state/sysfs-root")")
+      start containerd env PATH="$PEERS_BIN:$PATH" PLEXUS_POLICY="$state/policy.json" "${sysfs[@]}" \
         "$PEERS_BIN/containerd" --config "$state/containerd.toml"
       wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" version
       ;;
@@ -221,7 +225,7 @@ images() {
   local r=$state/rootfs
   mkdir -p "$r/bin" "$r/dev" "$r/proc" "$r/sys" "$r/etc"
   cp /bin/busybox "$r/bin/busybox"
-  for t in sh sleep cat ip ls echo env wget true trap; do ln -sf busybox "$r/bin/$t"; done
+  for t in sh sleep cat ip ls echo env wget true trap grep sed tr head; do ln -sf busybox "$r/bin/$t"; done
   tar -C "$r" -cf "$state/rootfs.tar" .
   local store=(--root "$state/podman/root" --runroot "$state/podman/run" --storage-driver vfs)
   # The sandbox image: PID 1 waits for signals and reaps its children, like pause.
@@ -272,6 +276,9 @@ up() {
   done
 
   echo "$PEERS_BIN" > "$state/peers-bin"
+  # A fake sysfs for the CNI plugins (PLEXUS_SYSFS_ROOT), when the caller gives one: this kernel
+  # has no PCI NICs and no RDMA, so device-info and RoCE GID tables come from a tree the test made.
+  printf '%s' "${PLEXUS_CLUSTER_SYSFS:-}" > "$state/sysfs-root"
   certs
   # Audit: only the CNI plugins' service accounts, at Metadata level (who, what, when).
   cat > "$state/audit-policy.yaml" << EOF
@@ -336,8 +343,9 @@ EOF
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$state/host-local"}},
   {"type": "loopback"}]}
 EOF
-  # plexus's node policy for this node: no allow-lists; its data under the cluster's state dir.
-  printf '{"dataRoots": ["%s"]}\n' "$state/data" > "$state/policy.json"
+  # plexus's node policy for this node: no allow-lists; its data and device-info files under the
+  # cluster's state dir.
+  printf '{"dataRoots": ["%s"], "deviceInfoDir": "%s"}\n' "$state/data" "$state/devinfo" > "$state/policy.json"
   chmod 600 "$state/policy.json"
   mkdir -p "$state/data"
   daemon containerd

@@ -31,11 +31,21 @@ struct Cluster {
 impl Cluster {
     /// A cluster with plexus installed; `meta_keys` are added to its meta config.
     fn up(meta_keys: &str) -> Cluster {
+        Cluster::up_with(meta_keys, None)
+    }
+
+    /// [`Cluster::up`], the CNI plugins reading sysfs from `sysfs` (a fake tree) when given.
+    fn up_with(meta_keys: &str, sysfs: Option<&Path>) -> Cluster {
         plexus_tests::require_root();
         let one = ONE_CLUSTER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Removed on drop from here on, also when coming up fails halfway.
         let mut c = Cluster { env: BTreeMap::new(), _one: one };
-        let out = Command::new("bash").arg(repo().join("scripts/cluster.sh")).arg("up").output().unwrap();
+        let out = Command::new("bash")
+            .arg(repo().join("scripts/cluster.sh"))
+            .arg("up")
+            .env("PLEXUS_CLUSTER_SYSFS", sysfs.map(Path::as_os_str).unwrap_or_default())
+            .output()
+            .unwrap();
         assert!(out.status.success(), "cluster.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
         c.env = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -412,8 +422,9 @@ fn namespace_isolation_and_the_policys_tenant_rules_hold_with_the_api_servers_ob
     let c = Cluster::up(r#""namespaceIsolation": true"#);
     // The admin's node policy: pods of tenant-a may put macvlans only on ens4f0np0.
     let policy = format!(
-        r#"{{"dataRoots": ["{}"], "allow": {{"namespaces": {{"tenant-a": {{"parents": ["ens4f0np0"]}}}}}}}}"#,
-        c.data().display()
+        r#"{{"dataRoots": ["{}"], "deviceInfoDir": "{}", "allow": {{"namespaces": {{"tenant-a": {{"parents": ["ens4f0np0"]}}}}}}}}"#,
+        c.data().display(),
+        c.state().join("devinfo").display()
     );
     std::fs::write(c.var("PLEXUS_POLICY"), policy).unwrap();
     for ns in ["tenant-a", "tenant-b"] {
@@ -463,4 +474,62 @@ fn namespace_isolation_and_the_policys_tenant_rules_hold_with_the_api_servers_ob
     c.delete("tenant-b", &["pod", "--all"]);
     wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
     wait_until("every cache entry removed", Duration::from_secs(60), || c.data_files("meta") == 0);
+}
+
+#[test]
+fn a_pod_learns_its_roce_v2_gid_index_from_network_status_through_the_downward_api() {
+    // This kernel has no RDMA: the plugins read a fake sysfs in which ens3f0np0 is a ConnectX
+    // port (PCI 0000:3b:00.0, RDMA device mlx5_0) whose GID table lists the pod's address
+    // (198.18.247.1, the range's first) after its link-local entries and two empty slots.
+    let sys = tempfile::tempdir().unwrap();
+    let pf = sys.path().join("devices/pci0000:3a/0000:3b:00.0");
+    std::fs::create_dir_all(pf.join("infiniband/mlx5_0")).unwrap();
+    std::fs::create_dir_all(sys.path().join("class/net/ens3f0np0")).unwrap();
+    std::os::unix::fs::symlink(&pf, sys.path().join("class/net/ens3f0np0/device")).unwrap();
+    let port = sys.path().join("class/infiniband/mlx5_0/ports/1");
+    for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+        std::fs::create_dir_all(port.join(d)).unwrap();
+    }
+    let slot = |i: u32, gid: &str, kind: Option<&str>| {
+        std::fs::write(port.join("gids").join(i.to_string()), format!("{gid}\n")).unwrap();
+        match kind {
+            Some(k) => std::fs::write(port.join("gid_attrs/types").join(i.to_string()), format!("{k}\n")).unwrap(),
+            None => std::fs::create_dir_all(port.join("gid_attrs/types").join(i.to_string())).unwrap(),
+        }
+    };
+    slot(0, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("IB/RoCE v1"));
+    slot(1, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("RoCE v2"));
+    slot(2, "0000:0000:0000:0000:0000:0000:0000:0000", None);
+    slot(3, "0000:0000:0000:0000:0000:0000:0000:0000", None);
+    slot(4, "0000:0000:0000:0000:0000:ffff:c612:f701", Some("IB/RoCE v1"));
+    slot(5, "0000:0000:0000:0000:0000:ffff:c612:f701", Some("RoCE v2"));
+    let c = Cluster::up_with("", Some(sys.path()));
+    // The documented example (conf-examples/nccl-gid-index), with this node's data dir and image.
+    let example = repo().join("conf-examples/nccl-gid-index");
+    let nad = std::fs::read_to_string(example.join("rail0.yaml")).unwrap().replace(
+        r#""range": "198.18.247.0/24"}"#,
+        &format!(r#""range": "198.18.247.0/24", "dataDir": "{}/ipam"}}"#, c.data().display()),
+    );
+    let pod = std::fs::read_to_string(example.join("pod.yaml"))
+        .unwrap()
+        .replace("image: busybox:1.36", &format!("image: {}\n    imagePullPolicy: Never", c.var("TEST_IMAGE")));
+    c.apply(&nad);
+    c.apply(&pod);
+    c.wait_ready("default", "pod/nccl-worker", "90s");
+    let status = c.network_status("default", "nccl-worker");
+    assert_eq!(
+        status[1]["device-info"]["pci"]["roce-gids"],
+        serde_json::json!([
+            {"port": 1, "index": 4, "gid": "0000:0000:0000:0000:0000:ffff:c612:f701", "type": "IB/RoCE v1"},
+            {"port": 1, "index": 5, "gid": "0000:0000:0000:0000:0000:ffff:c612:f701", "type": "RoCE v2"}
+        ]),
+        "{status:?}"
+    );
+    wait_until("the pod's NCCL_IB_GID_INDEX", Duration::from_secs(120), || {
+        c.kubectl(&["logs", "nccl-worker"], None).1.contains("NCCL_IB_GID_INDEX=5")
+    });
+    c.delete("default", &["pod", "nccl-worker"]);
+    wait_until("address released", Duration::from_secs(30), || c.reservations() == 0);
+    assert_eq!(c.data_files("meta"), 0);
+    assert_eq!(std::fs::read_dir(c.state().join("devinfo")).map(|d| d.count()).unwrap_or(0), 0, "device-info removed");
 }

@@ -323,6 +323,41 @@ fn same_config_as_reference_host_device_gives_the_same_pod_side_state_and_result
 }
 
 #[test]
+fn fake_sysfs_roce_gids_of_the_pods_address_on_an_rdma_device_left_on_the_node_reach_device_info() {
+    let rig = Rig::new();
+    rig.fake_sysfs("mlx5_core", Some("mlx5_2"));
+    // Shared RDMA mode (this kernel has no RDMA netlink: the device stays on the node): the GID
+    // table is the node's. The first address plexus-ipam gives is 198.18.51.1.
+    let port = rig.sysfs().join("class/infiniband/mlx5_2/ports/1");
+    for (index, gid, kind) in [
+        (0, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", "IB/RoCE v1"),
+        (1, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", "RoCE v2"),
+        (2, "0000:0000:0000:0000:0000:ffff:c612:3301", "IB/RoCE v1"),
+        (3, "0000:0000:0000:0000:0000:ffff:c612:3301", "RoCE v2"),
+    ] {
+        for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+            std::fs::create_dir_all(port.join(d)).unwrap();
+        }
+        std::fs::write(port.join("gids").join(index.to_string()), format!("{gid}\n")).unwrap();
+        std::fs::write(port.join("gid_attrs/types").join(index.to_string()), format!("{kind}\n")).unwrap();
+        std::fs::write(port.join("gid_attrs/ndevs").join(index.to_string()), "net1\n").unwrap();
+    }
+    let info = rig.dir.path().join("devinfo.json");
+    let c = rig.conf("1.1.0", json!({"device": "ens1f0", "runtimeConfig": {"CNIDeviceInfoFile": info}}));
+    let out = rig.run("ADD", &c);
+    assert!(out.success(), "{}", out.stdout);
+    assert_eq!(out.result()["ips"][0]["address"], "198.18.51.1/24");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
+    assert_eq!(
+        doc["pci"]["roce-gids"],
+        json!([{"port": 1, "index": 2, "gid": "0000:0000:0000:0000:0000:ffff:c612:3301", "type": "IB/RoCE v1"},
+               {"port": 1, "index": 3, "gid": "0000:0000:0000:0000:0000:ffff:c612:3301", "type": "RoCE v2"}])
+    );
+    assert!(rig.run("DEL", &c).success());
+    assert!(!info.exists());
+}
+
+#[test]
 fn fake_sysfs_rdma_device_is_left_with_a_warning_in_auto_and_refused_when_exclusive_is_required() {
     let rig = Rig::new();
     rig.fake_sysfs("mlx5_core", Some("mlx5_2"));

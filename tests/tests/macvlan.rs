@@ -417,6 +417,98 @@ fn device_info_names_the_parents_pci_address_and_rdma_device_from_a_fake_sysfs()
     assert!(!info.exists(), "DEL removes the device-info file");
 }
 
+/// One GID table slot of a fake sysfs port (`kind` None: an empty slot, whose attribute files
+/// cannot be read).
+fn gid_slot(port: &Path, index: u32, gid: &str, kind: Option<&str>, ndev: &str) {
+    for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+        std::fs::create_dir_all(port.join(d)).unwrap();
+    }
+    std::fs::write(port.join("gids").join(index.to_string()), format!("{gid}\n")).unwrap();
+    std::fs::write(port.join("gid_attrs/ndevs").join(index.to_string()), format!("{ndev}\n")).unwrap();
+    match kind {
+        Some(k) => std::fs::write(port.join("gid_attrs/types").join(index.to_string()), format!("{k}\n")).unwrap(),
+        None => std::fs::create_dir_all(port.join("gid_attrs/types").join(index.to_string())).unwrap(),
+    }
+}
+
+#[test]
+fn fake_sysfs_roce_gids_of_the_pods_addresses_are_waited_for_and_reported_in_device_info_by_value() {
+    let lab = lab();
+    let sys = tempfile::tempdir().unwrap();
+    let pf = sys.path().join("devices/pci0000:3a/0000:3b:00.1");
+    std::fs::create_dir_all(pf.join("infiniband/mlx5_1")).unwrap();
+    std::fs::create_dir_all(sys.path().join("class/net/nic0")).unwrap();
+    std::os::unix::fs::symlink(&pf, sys.path().join("class/net/nic0/device")).unwrap();
+    // The parent's GID table, as a ConnectX port shows it: its link-local GIDs at 0/1, another
+    // pod's macvlan (also called net1) at 2/3, two holes, then our IPv4 address's v1 entry; its
+    // v2 entry and the IPv6 one appear a little after the address is set, as the kernel fills
+    // the table asynchronously.
+    let port = sys.path().join("class/infiniband/mlx5_1/ports/1");
+    gid_slot(&port, 0, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("IB/RoCE v1"), "nic0");
+    gid_slot(&port, 1, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("RoCE v2"), "nic0");
+    gid_slot(&port, 2, "0000:0000:0000:0000:0000:ffff:c612:0007", Some("IB/RoCE v1"), "net1");
+    gid_slot(&port, 3, "0000:0000:0000:0000:0000:ffff:c612:0007", Some("RoCE v2"), "net1");
+    gid_slot(&port, 4, "0000:0000:0000:0000:0000:0000:0000:0000", None, "");
+    gid_slot(&port, 5, "0000:0000:0000:0000:0000:0000:0000:0000", None, "");
+    gid_slot(&port, 6, "0000:0000:0000:0000:0000:ffff:c612:000a", Some("IB/RoCE v1"), "net1");
+    let later = port.clone();
+    let kernel = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        gid_slot(&later, 7, "0000:0000:0000:0000:0000:ffff:c612:000a", Some("RoCE v2"), "net1");
+        gid_slot(&later, 8, "2001:0db8:0000:0001:0000:0000:0000:0010", Some("RoCE v2"), "net1");
+    });
+    let out_dir = tempfile::tempdir().unwrap();
+    let info = out_dir.path().join("devinfo/rail0-ctr1-net1.json");
+    let policy = write_policy(out_dir.path(), "policy.json", &json!({"deviceInfoDir": out_dir.path().join("devinfo")}));
+    let c = conf(
+        "1.0.0",
+        json!({"runtimeConfig": {"CNIDeviceInfoFile": info.to_str().unwrap()}, "ipam": static_ipam(),
+               "roceGidWaitMs": 5000}),
+    );
+    let run = |verb: &str, c: &Value| {
+        PluginRun::new(plugin_bin(PLUGIN), verb)
+            .attachment("ctr1", &lab.pod.path(), "net1", REFERENCE_CNI_DIR)
+            .env("PLEXUS_SYSFS_ROOT", sys.path().to_str().unwrap())
+            .env("PLEXUS_POLICY", policy.to_str().unwrap())
+            .stdin(c)
+            .in_netns(&lab.node)
+            .run()
+    };
+    let out = run("ADD", &c);
+    kernel.join().unwrap();
+    assert!(out.success(), "{}", out.stdout);
+    let doc: Value = serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
+    assert_eq!(
+        doc["pci"]["roce-gids"],
+        json!([
+            {"port": 1, "index": 6, "gid": "0000:0000:0000:0000:0000:ffff:c612:000a", "type": "IB/RoCE v1"},
+            {"port": 1, "index": 7, "gid": "0000:0000:0000:0000:0000:ffff:c612:000a", "type": "RoCE v2"},
+            {"port": 1, "index": 8, "gid": "2001:0db8:0000:0001:0000:0000:0000:0010", "type": "RoCE v2"},
+        ]),
+        "only our addresses' entries, both types, found by value (the other pod's net1 is not ours)"
+    );
+    assert_eq!(doc["pci"]["rdma-device"], "mlx5_1");
+    assert!(run("DEL", &c).success());
+    // A table that never gets the v2 entry: ADD still succeeds after the (short) wait, reporting
+    // what there is.
+    std::fs::remove_dir_all(port.join("gids")).unwrap();
+    std::fs::create_dir_all(port.join("gids")).unwrap();
+    let c = conf(
+        "1.0.0",
+        json!({"runtimeConfig": {"CNIDeviceInfoFile": info.to_str().unwrap()}, "ipam": static_ipam(),
+               "roceGidWaitMs": 200}),
+    );
+    let out = run("ADD", &c);
+    assert!(out.success(), "{}", out.stdout);
+    let doc: Value = serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
+    assert!(doc["pci"].get("roce-gids").is_none(), "no entries: no key: {doc}");
+    assert!(run("DEL", &c).success());
+    let mut too_long = c.clone();
+    too_long["roceGidWaitMs"] = json!(60000);
+    let (code, msg, _) = run("ADD", &too_long).error();
+    assert_eq!((code, msg.as_str()), (7, "roceGidWaitMs 60000 is too long: at most 10000 ms"));
+}
+
 #[test]
 fn link_in_container_uses_a_master_inside_the_pod_namespace() {
     let lab = lab();

@@ -167,6 +167,11 @@ fn decode_err(version: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl CniResult {
+    /// The addresses of `ips`, without their prefix lengths.
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.ips.iter().map(|ip| ip.address.ip()).collect()
+    }
+
     /// Parse a result document of any supported version (its `cniVersion` decides the form;
     /// an empty or absent one is 0.2.0, as in libcni).
     pub fn parse(bytes: &[u8]) -> Result<CniResult, Error> {

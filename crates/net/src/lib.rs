@@ -1,6 +1,6 @@
 //! plexus-net: the kernel boundary. Network namespace handles, one rtnetlink socket per namespace
 //! with typed verbs (links, macvlans, addresses, routes, rules), sysctls, and sysfs lookups
-//! (netdev → PCI address → RDMA device) through one configurable root.
+//! (netdev → PCI address → RDMA device, and RoCE GID tables) through one configurable root.
 //!
 //! Must not: parse CNI configs or decide policy; plugins decide, this crate does.
 //! Must never call `setns` on a thread tokio may schedule on (see [`netns::Netns::run`]).
@@ -11,6 +11,7 @@ pub mod error;
 pub mod link;
 pub mod netns;
 pub mod rdma;
+pub mod roce;
 pub mod sysfs;
 
 pub use error::NetError;

@@ -43,6 +43,9 @@ pub struct HostDeviceConf {
     /// (require it), `off`.
     #[serde(default)]
     pub rdma: RdmaPolicy,
+    /// How long ADD waits for the RoCE v2 GIDs of the pod's addresses (tenant-settable, bounded).
+    #[serde(default)]
+    pub roce_gid_wait_ms: Option<u64>,
 }
 
 fn default_data_dir() -> PathBuf {

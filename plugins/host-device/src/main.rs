@@ -4,7 +4,8 @@
 //! ADD: select the device (exactly one) → record its host state (state file + marker alias) →
 //! start IPAM → ONE move into the pod, already named CNI_IFNAME, with its MTU, marker alias and
 //! IPv4 settings → its RDMA device follows when the subsystem is exclusive → IPAM result →
-//! addresses, up, routes (multi-rail) → device-info → result. Any failure puts everything back.
+//! addresses, up, routes (multi-rail) → device-info (with the RoCE GIDs of the pod's addresses) →
+//! result. Any failure puts everything back.
 //! DEL: IPAM DEL → the device (in the pod; or back in the node namespace already, e.g. returned by
 //! the kernel when the pod namespace died) moved back with its RDMA device and its name, MTU,
 //! MAC, alias, addresses and admin state restored. Succeeds when anything is already gone.
@@ -22,7 +23,7 @@ use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, c
 use plexus_net::check;
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
-use plexus_net::{Link, LinkChange, LinkSocket, Netns};
+use plexus_net::{Link, LinkChange, LinkSocket, Netns, roce};
 use state::HostState;
 
 struct HostDevice;
@@ -42,10 +43,33 @@ fn result_interface(ifname: &str, link: Option<&Link>, pod: &Netns, pci: Option<
     }
 }
 
+/// The RoCE GIDs of the pod's addresses: on the RDMA device moved into the pod (exclusive mode:
+/// read from the pod's namespace), else on the device left on the node (shared mode). Never an
+/// error: a table that cannot be read gives none (logged).
+fn roce_gids(
+    sysfs: &Sysfs,
+    pod: &Netns,
+    host: &HostState,
+    rdma_device: Option<&str>,
+    result: &CniResult,
+    wait: std::time::Duration,
+) -> Vec<roce::GidEntry> {
+    let addrs = result.addresses();
+    match (&host.rdma_moved, rdma_device) {
+        (Some(moved), _) => roce::gids_for_in(pod, moved, &addrs, wait).unwrap_or_else(|e| {
+            tracing::warn!(device = %moved, "GID table not read: {e}");
+            Vec::new()
+        }),
+        (None, Some(dev)) => roce::gids_for(sysfs, dev, &addrs, wait),
+        (None, None) => Vec::new(),
+    }
+}
+
 impl Plugin for HostDevice {
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let conf = HostDeviceConf::load(req)?;
         let info_file = device_info_file(req)?;
+        let wait = roce::configured_wait(conf.roce_gid_wait_ms)?;
         let sysfs = Sysfs::from_env();
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
         let node = Netns::current()?;
@@ -115,7 +139,10 @@ impl Plugin for HostDevice {
                     .await
                     .and_then(|result| state::save(&state_path, &host).map(|()| result))
                     .and_then(|result| match (&info_file, device_info_pci(&hw)) {
-                        (Some(path), Some(doc)) => write_device_info(path, &doc).map(|()| result),
+                        (Some(path), Some(doc)) => {
+                            let gids = roce_gids(&sysfs, &pod, &host, hw.rdma_device.as_deref(), &result, wait);
+                            write_device_info(path, &roce::with_gids(doc, &gids)).map(|()| result)
+                        }
                         _ => Ok(result),
                     });
             match attached {

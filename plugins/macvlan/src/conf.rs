@@ -1,5 +1,5 @@
 //! The plexus-macvlan configuration: the reference macvlan's keys plus `multiRail`,
-//! `routeTable` and `dad`.
+//! `routeTable`, `dad` and `roceGidWaitMs`.
 
 use plexus_cni::{Error, Request};
 use plexus_net::MacvlanMode;
@@ -27,6 +27,9 @@ pub struct MacvlanConf {
     pub route_table: Option<u32>,
     #[serde(default)]
     pub dad: bool,
+    /// How long ADD waits for the RoCE v2 GIDs of the pod's addresses (tenant-settable, bounded).
+    #[serde(default)]
+    pub roce_gid_wait_ms: Option<u64>,
 }
 
 impl MacvlanConf {

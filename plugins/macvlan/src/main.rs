@@ -4,7 +4,7 @@
 //! namespace under a temporary name → rename to CNI_IFNAME with the IPv4 settings (arp_notify;
 //! multi-rail ARP and rp_filter) — a taken name fails here → collect the IPAM result → IPv6
 //! settings, addresses (no DAD unless asked), up, routes (multi-rail: own table + source rules) →
-//! device-info → result. Any failure after IPAM started or the link exists undoes both.
+//! device-info, with the RoCE GIDs of the pod's addresses on the parent's RDMA device → result. Any failure after IPAM started or the link exists undoes both.
 //!
 //! IPAM runs concurrently with link creation (its process start-up overlaps our netlink work);
 //! only `dhcp`, which talks on the interface, waits for the renamed link, as in the reference.
@@ -21,7 +21,7 @@ use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, c
 use plexus_net::check::{self, failed};
 use plexus_net::configure::{self, IfaceSetup};
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
-use plexus_net::{Link, LinkChange, LinkSocket, Netns, NewMacvlan};
+use plexus_net::{Link, LinkChange, LinkSocket, Netns, NewMacvlan, roce};
 
 /// Attempts at a free temporary name before giving up.
 const TEMP_NAME_ATTEMPTS: usize = 3;
@@ -38,6 +38,7 @@ impl Plugin for Macvlan {
         let mode = conf.mode()?;
         let mac = conf.mac(req)?;
         let device_info = device_info_file(req)?;
+        let wait = roce::configured_wait(conf.roce_gid_wait_ms)?;
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
         // The pod's socket opens on a thread of its own while the master is looked up.
         let opening = LinkSocket::opening(&pod)?;
@@ -80,8 +81,17 @@ impl Plugin for Macvlan {
             }
             let result = attached?;
             if let Some(path) = device_info {
-                match device_info_pci(&Sysfs::from_env().netdev_hardware(&master.name)) {
-                    Some(doc) => write_device_info(&path, &doc)?,
+                let sysfs = Sysfs::from_env();
+                let hw = sysfs.netdev_hardware(&master.name);
+                match device_info_pci(&hw) {
+                    Some(doc) => {
+                        // Shared RDMA mode: the parent's RDMA device lists the macvlan's GIDs.
+                        let gids = match &hw.rdma_device {
+                            Some(dev) => roce::gids_for(&sysfs, dev, &result.addresses(), wait),
+                            None => Vec::new(),
+                        };
+                        write_device_info(&path, &roce::with_gids(doc, &gids))?
+                    }
                     None => {
                         tracing::info!(master = %master.name, "no PCI device behind the master: no device-info written")
                     }

@@ -58,6 +58,18 @@ fn drop_tenant_keys(plugin: &mut Map<String, Value>) {
     }
 }
 
+/// plexus's own attaching plugins always understand `CNIDeviceInfoFile` (device-info with the
+/// RoCE GIDs they find): they get it whether or not their config declares the capability.
+fn declare_own_capabilities(plugin: &mut Map<String, Value>) {
+    let t = plugin.get("type").and_then(Value::as_str).unwrap_or_default();
+    if matches!(t, "plexus-macvlan" | "plexus-host-device") {
+        let caps = plugin.entry("capabilities").or_insert_with(|| Value::Object(Map::new()));
+        if let Some(caps) = caps.as_object_mut() {
+            caps.insert("CNIDeviceInfoFile".into(), Value::Bool(true));
+        }
+    }
+}
+
 /// Whether two paths are the same file (this binary under another name or link).
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -79,6 +91,7 @@ impl Attachment {
         }
         .map_err(|e| e.context(format!("network {}", self.network)))?;
         list.plugins.iter_mut().for_each(drop_tenant_keys);
+        list.plugins.iter_mut().for_each(declare_own_capabilities);
         Ok(list)
     }
 

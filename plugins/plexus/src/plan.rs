@@ -302,16 +302,19 @@ pub fn plan(
         if let Some(mac) = &sel.mac {
             a.cni_args.push(("MAC".into(), mac.clone()));
         }
+        // Every selected network is offered a device-info file (plugins that declare the
+        // CNIDeviceInfoFile capability get it; plexus's own attaching plugins always do): a
+        // device's, and the RoCE GIDs plexus-macvlan and plexus-host-device find, reach
+        // network-status through it. Multus offers one only with a device ID.
+        let file = req.policy.device_info_dir.join(format!(
+            "{}-{}_{}",
+            a.network.replace('/', "-"),
+            req.env.container_id,
+            a.ifname
+        ));
+        a.capability_args.insert("CNIDeviceInfoFile".into(), file.display().to_string().into());
+        a.device_info_file = Some(file);
         if device.is_some() {
-            let a = out.last_mut().expect("just pushed");
-            let file = req.policy.device_info_dir.join(format!(
-                "{}-{}_{}",
-                a.network.replace('/', "-"),
-                req.env.container_id,
-                a.ifname
-            ));
-            a.capability_args.insert("CNIDeviceInfoFile".into(), file.display().to_string().into());
-            a.device_info_file = Some(file);
             a.resource_name = nad.resource_name.clone();
             a.device_id = device.clone();
         }
