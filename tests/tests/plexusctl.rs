@@ -221,3 +221,87 @@ fn doctor_reports_a_missing_parent_a_wrong_mtu_and_a_missing_rdma_device() {
     assert!(!ok);
     assert!(out.contains("plexus-host-device is missing"), "{out}");
 }
+
+/// One filled slot of a fake sysfs GID table.
+fn gid_slot(port: &Path, index: u32, gid: &str, kind: &str) {
+    for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+        std::fs::create_dir_all(port.join(d)).unwrap();
+    }
+    std::fs::write(port.join("gids").join(index.to_string()), format!("{gid}\n")).unwrap();
+    std::fs::write(port.join("gid_attrs/types").join(index.to_string()), format!("{kind}\n")).unwrap();
+}
+
+#[test]
+fn roce_prints_each_pod_addresss_gid_indexes_by_netns_and_by_pod_and_doctor_checks_the_ports_table() {
+    let c = Ctl::new("1.0.0");
+    // A pod attached through plexus (NAD from a file, its cache naming the pod): net1 gets
+    // 198.18.82.1 on a macvlan of nic0.
+    let nads = c.dir.path().join("nads");
+    std::fs::create_dir_all(&nads).unwrap();
+    let nad_conf = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.82.0/24", "dataDir": c.dir.path().join("ipam2")}});
+    std::fs::write(
+        nads.join("rail0.yaml"),
+        format!(
+            "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: rail0, namespace: default}}\nspec:\n  config: '{nad_conf}'\n"
+        ),
+    )
+    .unwrap();
+    let cni_dir = c.dir.path().join("plexus-cache");
+    let meta = json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus", "nadDir": nads,
+        "networks": "rail0", "cniDir": cni_dir, "binDir": bin_dir()});
+    let run = |verb: &str| {
+        plexus_tests::PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("ctr-roce", &c.lab.pod.path(), "eth0", bin_dir().to_str().unwrap())
+            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer-0")
+            .stdin(&meta)
+            .in_netns(&c.lab.node)
+            .run()
+    };
+    let added = run("ADD");
+    assert!(added.success(), "{}", added.stdout);
+    assert_eq!(c.lab.pod.addrs("net1")[0].cidr(), "198.18.82.1/24");
+    // The parent's RDMA device and its GID table: link-local entries, the node's own address on
+    // nic0 (v2 only), a hole, the pod's address (v1 and v2).
+    c.lab.node.ip(&["addr", "add", "198.18.83.5/24", "dev", "nic0"]);
+    let sys = fake_sysfs(c.dir.path(), true);
+    let port = sys.join("class/infiniband/mlx5_1/ports/1");
+    gid_slot(&port, 0, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", "IB/RoCE v1");
+    gid_slot(&port, 1, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", "RoCE v2");
+    gid_slot(&port, 2, "0000:0000:0000:0000:0000:ffff:c612:5305", "RoCE v2");
+    gid_slot(&port, 4, "0000:0000:0000:0000:0000:ffff:c612:5201", "IB/RoCE v1");
+    gid_slot(&port, 5, "0000:0000:0000:0000:0000:ffff:c612:5201", "RoCE v2");
+    let roce = |args: &[&str]| {
+        let mut cmd = Command::new(plugin_bin("plexusctl"));
+        cmd.arg("roce").args(args).env("PLEXUS_SYSFS_ROOT", &sys);
+        enter_netns(&mut cmd, &c.lab.node.path());
+        let out = cmd.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let rows = |out: &str| -> Vec<Vec<String>> {
+        out.lines().skip(1).map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
+    };
+    let want = vec![
+        vec!["mlx5_1", "1", "4", "0000:0000:0000:0000:0000:ffff:c612:5201", "198.18.82.1", "v1", "net1"],
+        vec!["mlx5_1", "1", "5", "0000:0000:0000:0000:0000:ffff:c612:5201", "198.18.82.1", "v2", "net1"],
+    ];
+    let (ok, out) = roce(&[c.lab.pod.path().to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.starts_with("DEV"), "{out}");
+    assert_eq!(rows(&out), want, "the pod's entries only (not the node's nor the link-local ones):\n{out}");
+    let (ok, out) = roce(&["--pod", "default/trainer-0", "--cni-dir", cni_dir.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert_eq!(rows(&out), want, "{out}");
+    let (ok, _) = roce(&["--pod", "default/nobody", "--cni-dir", cni_dir.to_str().unwrap()]);
+    assert!(!ok, "an unknown pod is an error");
+    // doctor: the port's table (entries per type) and a RoCE v2 GID for the port's address.
+    let bin = bin_dir();
+    let (ok, out) = doctor(&c, &sys, &["--parent", "nic0", "--bin-dir", bin.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.contains("OK   mlx5_1 GID table: 3 RoCE v2 and 2 IB/RoCE v1 entries"), "{out}");
+    assert!(out.contains("OK   nic0 address 198.18.83.5: RoCE v2 GID at mlx5_1 port 1 index 2"), "{out}");
+    c.lab.node.ip(&["addr", "add", "198.18.84.5/24", "dev", "nic0"]);
+    let (_, out) = doctor(&c, &sys, &["--parent", "nic0", "--bin-dir", bin.to_str().unwrap()]);
+    assert!(out.contains("WARN nic0 address 198.18.84.5 has no RoCE v2 GID in mlx5_1's table"), "{out}");
+    assert!(run("DEL").success());
+}

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use plexus_net::rdma::{NetnsMode, RdmaSocket};
+use plexus_net::roce::GidType;
 use plexus_net::sysfs::Sysfs;
 use plexus_net::{LinkSocket, configure};
 
@@ -105,6 +106,9 @@ fn check_parent(parent: &str, mtu: Option<u32>, out: &mut Vec<Finding>) -> Resul
     match &hw.rdma_device {
         Some(rdma) => {
             out.push(ok(format!("{parent} has RDMA device {rdma}")));
+            let addrs = configure::runtime()?
+                .block_on(async { LinkSocket::current()?.addresses(link.index).await.map_err(anyhow::Error::from) })?;
+            check_gids(&sysfs, parent, rdma, &addrs.iter().map(|(n, _)| n.ip()).collect::<Vec<_>>(), out);
             match RdmaSocket::open().and_then(|mut s| s.netns_mode()) {
                 Ok(NetnsMode::Exclusive) => {
                     out.push(ok("RDMA netns mode: exclusive (host-device moves RDMA devices into pods)"))
@@ -122,6 +126,44 @@ fn check_parent(parent: &str, mtu: Option<u32>, out: &mut Vec<Finding>) -> Resul
         )),
     }
     Ok(())
+}
+
+/// The GID table of the port's RDMA device: entries per type, and a RoCE v2 entry for each of
+/// the port's own (non-link-local) addresses.
+fn check_gids(sysfs: &Sysfs, parent: &str, rdma: &str, addrs: &[std::net::IpAddr], out: &mut Vec<Finding>) {
+    if !sysfs.has_gid_table(rdma) {
+        out.push(warn(
+            format!("{rdma} has no GID table in {}", sysfs.root().display()),
+            "an RDMA device without ports/*/gids is not a RoCE port: check the NIC's link layer (Ethernet)",
+        ));
+        return;
+    }
+    let table = sysfs.gid_table(rdma);
+    let v2 = table.iter().filter(|e| e.kind == GidType::RoceV2).count();
+    let v1 = table.len() - v2;
+    if v2 == 0 {
+        out.push(fail(
+            format!("{rdma} GID table: {v1} IB/RoCE v1 entries, no RoCE v2 entry"),
+            "NCCL needs RoCE v2: check the firmware's RoCE mode and that the port has addresses",
+        ));
+    } else {
+        out.push(ok(format!("{rdma} GID table: {v2} RoCE v2 and {v1} IB/RoCE v1 entries")));
+    }
+    for a in addrs {
+        if matches!(a, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local()) {
+            continue;
+        }
+        let gid = plexus_net::roce::gid_of(*a);
+        match table.iter().find(|e| e.gid == gid && e.kind == GidType::RoceV2) {
+            Some(e) => {
+                out.push(ok(format!("{parent} address {a}: RoCE v2 GID at {rdma} port {} index {}", e.port, e.index)))
+            }
+            None => out.push(warn(
+                format!("{parent} address {a} has no RoCE v2 GID in {rdma}'s table"),
+                "the kernel adds GIDs for a RoCE port's addresses: check `ip addr` on the port and dmesg for mlx5_ib",
+            )),
+        }
+    }
 }
 
 fn check_conf(path: &Path) -> Finding {

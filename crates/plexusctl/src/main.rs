@@ -1,9 +1,10 @@
 //! plexusctl: a cnitool-compatible runner (`add|check|del|gc|status <network> <netns>`, libcni's
 //! result cache, so cnitool and plexusctl finish each other's work), IPAM inspection, and node
-//! RoCE readiness checks.
+//! RoCE readiness checks, and a pod's RoCE GIDs.
 
 mod doctor;
 mod ipam;
+mod roce;
 mod runner;
 
 use std::path::PathBuf;
@@ -38,6 +39,16 @@ enum Cmd {
     /// IPAM allocations of a network's plexus-ipam (file or etcd store).
     #[command(subcommand)]
     Ipam(IpamCmd),
+    /// The RoCE GIDs of a pod's interfaces (`show_gids` style): the GID index NCCL needs.
+    Roce {
+        /// The pod's network namespace (a path, or a name under /run/netns).
+        netns: Option<String>,
+        /// The pod, NAMESPACE/NAME, found in plexus's cache (`--cni-dir`).
+        #[arg(long, conflicts_with = "netns")]
+        pod: Option<String>,
+        #[arg(long, default_value = plexus_cni::paths::META_CACHE_DIR)]
+        cni_dir: PathBuf,
+    },
     /// Is this node ready for RoCE attachments?
     Doctor {
         /// The RoCE port (PF, VF or SF netdev) pods attach to.
@@ -135,6 +146,19 @@ fn main() -> ExitCode {
                     ipam::release(&runner::load_conf_list(&dir, network)?.0, container_id, ifname)
                 }
             }
+        })(),
+        Cmd::Roce { netns, pod, cni_dir } => (|| {
+            let path = match (netns, pod) {
+                (Some(n), _) => netns_path(n),
+                (None, Some(p)) => roce::pod_netns(cni_dir, p)?,
+                (None, None) => anyhow::bail!("name a network namespace or --pod NAMESPACE/NAME"),
+            };
+            let rows = roce::rows(&path)?;
+            roce::print(&rows);
+            if rows.is_empty() {
+                eprintln!("no GID of {}'s addresses in any RDMA device's table", path.display());
+            }
+            Ok(())
         })(),
         Cmd::Doctor { parent, mtu, bin_dir, conf } => {
             match doctor::check(&doctor::Options {
