@@ -29,7 +29,7 @@ cat > "$work/rootfs/plexus/conf/00-plexus.conflist" << EOF
 {"cniVersion": "1.0.0", "name": "plexus", "plugins": [
   {"type": "plexus", "clusterNetwork": "$CLUSTER_NETWORK",
    "kubeconfig": "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig", "cniDir": "$PLEXUS_DATA_DIR/meta",
-   "binDir": "$CNI_BIN_DIR", "logFile": "$state/log/plexus.log", "logLevel": "debug"${PLEXUS_META_KEYS:+, $PLEXUS_META_KEYS}}]}
+   "binDir": "$CNI_BIN_DIR", "podResourcesSocket": "$state/kubelet/pod-resources/kubelet.sock", "logFile": "$state/log/plexus.log", "logLevel": "debug"${PLEXUS_META_KEYS:+, $PLEXUS_META_KEYS}}]}
 EOF
 tar -C "$work/rootfs" -cf "$work/rootfs.tar" .
 store=(--root "$work/podman/root" --runroot "$work/podman/run" --storage-driver vfs)

@@ -8,7 +8,8 @@
 #   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
 #   PLEXUS_CLUSTER_SYSFS=DIR bash scripts/cluster.sh up
 #                                  # the CNI plugins read sysfs from DIR (PLEXUS_SYSFS_ROOT)
-#   bash scripts/cluster.sh stop|start|restart DAEMON
+#   bash scripts/cluster.sh stop|start|restart DAEMON   (the kubelet takes extra flags from
+#                                  # $state/kubelet-flags, one per line, when it starts)
 #                                  # one daemon (etcd, kube-apiserver, kube-controller-manager,
 #                                  # kube-scheduler, containerd, kubelet) stopped (SIGTERM, waited
 #                                  # for) or started again with the same flags; `start` waits until
@@ -31,6 +32,9 @@
 # - The kubelet gives every sandbox oom_score_adj -998, which this sandbox may not set (runc:
 #   "can't get final child's PID from pipe"): containerd's restrict_oom_score_adj clamps it.
 # - kubectl logs/exec reach the kubelet by the node's InternalIP (no DNS for the node name).
+# - Not everything of the kubelet follows --root-dir: its serving certificate (--cert-dir) and
+#   the device manager's socket and checkpoint (/var/lib/kubelet/device-plugins, bound to the
+#   state dir in the node's mount namespace) would otherwise land on the host.
 # - Containers run by this containerd use a runc root of their own, so `down` finds and ends
 #   exactly them. Its shims are in sessions of their own: stopping containerd leaves pods running.
 # - containerd logs at debug level: "begin cni setup" and "cni result" carry each sandbox's CNI
@@ -121,8 +125,12 @@ daemon() {
       wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" version
       ;;
     kubelet)
+      local extra=()
+      # Extra kubelet flags a test asks for (e.g. a feature gate), one per line.
+      [ -s "$state/kubelet-flags" ] && mapfile -t extra < "$state/kubelet-flags"
       start kubelet "$PEERS_BIN/kubelet" --config "$state/kubelet.yaml" --kubeconfig "$state/kubelet.kubeconfig" \
-        --hostname-override "$NODE_NAME" --node-ip "$ADDR" --root-dir "$state/kubelet"
+        --hostname-override "$NODE_NAME" --node-ip "$ADDR" --root-dir "$state/kubelet" \
+        --cert-dir "$state/kubelet/pki" "${extra[@]}"
       wait_for kubelet 120 in_node busybox wget -q -O /dev/null http://127.0.0.1:10248/healthz
       ;;
     *)
@@ -170,6 +178,9 @@ down() {
   pkill -KILL -f "containerd-shim-runc-v2 .*-address $state/" 2> /dev/null || true
   ip netns del "$NODE_NETNS" 2> /dev/null || true
   ip netns del "$FABRIC_NETNS" 2> /dev/null || true
+  if [ -f "$state/made-var-lib-kubelet" ]; then
+    rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2> /dev/null || true
+  fi
   if [ -d "$state" ]; then
     { grep " $state" /proc/mounts || true; } | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2> /dev/null || true; done
     rm -rf "$state"
@@ -352,6 +363,16 @@ EOF
   images
 
   log "kubelet"
+  # The kubelet's device manager keeps its socket and checkpoint at a fixed path, not under
+  # --root-dir: in the node's mount namespace /var/lib/kubelet/device-plugins is
+  # $state/kubelet/device-plugins (device plugins register there). The mount point is made on the
+  # host only when missing, and removed by `down` then.
+  if [ ! -d /var/lib/kubelet/device-plugins ]; then
+    mkdir -p /var/lib/kubelet/device-plugins
+    touch "$state/made-var-lib-kubelet"
+  fi
+  mkdir -p "$state/kubelet/device-plugins"
+  nsenter --mount="$state/mnt" mount --bind "$state/kubelet/device-plugins" /var/lib/kubelet/device-plugins
   cat > "$state/kubelet.yaml" << EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

@@ -2,10 +2,13 @@
 # Builds the peers plexus is tested and measured beside — Kubernetes (kube-apiserver, kubelet,
 # kube-controller-manager, kube-scheduler, kubectl), etcd 3.6, containerd 2.0 (+ shim, ctr),
 # crictl, Multus v4 (thin and thick), whereabouts and the current reference plugins — from their
-# Go modules, pinned in tests/peers/*/go.{mod,sum}. Nothing of theirs is committed.
+# Go modules, pinned in tests/peers/*/go.{mod,sum}. Nothing of theirs is committed. Plus a test
+# device plugin of ours (tests/peers/deviceplugin), built the same way.
 #
-# The binaries go into a cache outside the clone, keyed by the hash of those go.mod/go.sum files,
-# so a repeat run (CI's too) reuses them; the Go module and build caches live there as well.
+# The binaries go into a cache outside the clone, per module keyed by the hash of its go.mod/go.sum
+# (and, for tests/peers/deviceplugin, our test device plugin, its Go source), so a repeat run (CI's
+# too) reuses them and a changed module rebuilds alone; the Go module and build caches live there
+# as well.
 # Prints the directory of the binaries (under their upstream names) on stdout; progress on stderr.
 #
 #   bash scripts/peers.sh            # build what is missing, print the bin dir
@@ -15,7 +18,42 @@ cd "$(dirname "$0")/.."
 top=$(pwd)
 
 cache=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}
-key=$(cat tests/peers/*/go.mod tests/peers/*/go.sum 2>/dev/null | sha256sum | cut -c1-16)
+# What each pinned module builds (module dir under tests/peers: binary=package ...).
+k8s_version=$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' tests/peers/kubernetes/go.mod)
+declare -A binaries=(
+  [kubernetes]="kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubelet=k8s.io/kubernetes/cmd/kubelet
+    kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
+    kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl"
+  [etcd]="etcd=go.etcd.io/etcd/server/v3 etcdctl=go.etcd.io/etcd/etcdctl/v3"
+  [containerd]="containerd=github.com/containerd/containerd/v2/cmd/containerd
+    containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+    ctr=github.com/containerd/containerd/v2/cmd/ctr"
+  [cri-tools]="crictl=sigs.k8s.io/cri-tools/cmd/crictl"
+  [multus]="multus=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
+    multus-daemon=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon
+    multus-shim=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim"
+  [whereabouts]="whereabouts=github.com/k8snetworkplumbingwg/whereabouts/cmd"
+  [plugins]="macvlan=github.com/containernetworking/plugins/plugins/main/macvlan
+    host-device=github.com/containernetworking/plugins/plugins/main/host-device
+    bridge=github.com/containernetworking/plugins/plugins/main/bridge
+    loopback=github.com/containernetworking/plugins/plugins/main/loopback
+    host-local=github.com/containernetworking/plugins/plugins/ipam/host-local
+    static=github.com/containernetworking/plugins/plugins/ipam/static
+    tuning=github.com/containernetworking/plugins/plugins/meta/tuning
+    sbr=github.com/containernetworking/plugins/plugins/meta/sbr"
+  [deviceplugin]="plexus-test-device-plugin=plexus.test/deviceplugin"
+)
+# A module's key: its go.mod, go.sum and our own Go sources (the test tools); the set's key: the
+# modules' keys. A change to one module rebuilds only that module.
+module_key() {
+  local files=("tests/peers/$1/go.mod" "tests/peers/$1/go.sum")
+  shopt -s nullglob
+  files+=("tests/peers/$1/"*.go)
+  shopt -u nullglob
+  cat "${files[@]}" | sha256sum | cut -c1-16
+}
+modules=$(printf '%s\n' "${!binaries[@]}" | sort)
+key=$(for m in $modules; do echo "$m $(module_key "$m")"; done | sha256sum | cut -c1-16)
 bin=$cache/$key/bin
 if [ -f "$bin/.complete" ]; then
   echo "$bin"
@@ -27,40 +65,39 @@ mkdir -p "$cache"
 export GOMODCACHE=$cache/gomod GOCACHE=$cache/gobuild
 # Static binaries; the toolchain the machine has (its go.mod files ask for go 1.24).
 export CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=readonly
-partial=$cache/$key/bin.partial
-rm -rf "$partial"
-mkdir -p "$partial"
 
-# build MODULE OUTPUT PACKAGE [LDFLAGS]: one binary from one pinned module.
-build() {
-  local module=$1 out=$2 pkg=$3 ldflags=${4:-}
-  local started=$SECONDS
-  (cd "$top/tests/peers/$module" && go build -trimpath -ldflags "-s -w $ldflags" -o "$partial/$out" "$pkg")
-  echo "peers.sh: $out ($module) in $((SECONDS - started)) s" >&2
-}
-
-k8s_version=$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' tests/peers/kubernetes/go.mod)
 minor=$(echo "$k8s_version" | cut -d. -f2)
 k8s_ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1"
 k8s_ldflags+=" -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 k8s_ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$k8s_version"
-for c in kube-apiserver kubelet kube-controller-manager kube-scheduler kubectl; do
-  build kubernetes "$c" "k8s.io/kubernetes/cmd/$c" "$k8s_ldflags"
-done
-build etcd etcd go.etcd.io/etcd/server/v3
-build etcd etcdctl go.etcd.io/etcd/etcdctl/v3
-for c in containerd containerd-shim-runc-v2 ctr; do
-  build containerd "$c" "github.com/containerd/containerd/v2/cmd/$c"
-done
-build cri-tools crictl sigs.k8s.io/cri-tools/cmd/crictl
-for c in multus multus-daemon multus-shim; do
-  build multus "$c" "gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/$c"
-done
-build whereabouts whereabouts github.com/k8snetworkplumbingwg/whereabouts/cmd
-for p in main/macvlan main/host-device main/bridge main/loopback ipam/host-local ipam/static meta/tuning meta/sbr; do
-  build plugins "$(basename "$p")" "github.com/containernetworking/plugins/plugins/$p"
-done
 
+# build_module MODULE: its binaries into $cache/modules/MODULE-KEY (kept for later sets).
+build_module() {
+  local module=$1 dir ldflags="" spec out pkg started
+  dir=$cache/modules/$module-$(module_key "$module")
+  [ -f "$dir/.complete" ] && return 0
+  [ "$module" = kubernetes ] && ldflags=$k8s_ldflags
+  rm -rf "$dir.partial"
+  mkdir -p "$dir.partial"
+  for spec in ${binaries[$module]}; do
+    out=${spec%%=*} pkg=${spec#*=} started=$SECONDS
+    (cd "$top/tests/peers/$module" && go build -trimpath -ldflags "-s -w $ldflags" -o "$dir.partial/$out" "$pkg")
+    echo "peers.sh: $out ($module) in $((SECONDS - started)) s" >&2
+  done
+  touch "$dir.partial/.complete"
+  rm -rf "$dir"
+  mv "$dir.partial" "$dir"
+}
+
+partial=$cache/$key/bin.partial
+rm -rf "$partial"
+mkdir -p "$partial"
+for m in $modules; do
+  build_module "$m"
+  for spec in ${binaries[$m]}; do
+    ln -f "$cache/modules/$m-$(module_key "$m")/${spec%%=*}" "$partial/${spec%%=*}"
+  done
+done
 touch "$partial/.complete"
 rm -rf "$bin"
 mv "$partial" "$bin"

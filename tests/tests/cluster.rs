@@ -533,3 +533,104 @@ fn a_pod_learns_its_roce_v2_gid_index_from_network_status_through_the_downward_a
     assert_eq!(c.data_files("meta"), 0);
     assert_eq!(std::fs::read_dir(c.state().join("devinfo")).map(|d| d.count()).unwrap_or(0), 0, "device-info removed");
 }
+
+/// The test device plugin (tests/peers/deviceplugin), registered with the cluster's kubelet;
+/// stopped on drop.
+struct DevicePlugin(std::process::Child);
+
+impl DevicePlugin {
+    fn start(c: &Cluster, resource: &str, devices: &str) -> DevicePlugin {
+        let dir = c.state().join("kubelet/device-plugins");
+        let log = std::fs::File::create(c.state().join("log/device-plugin.log")).unwrap();
+        let child = Command::new(Path::new(c.var("PEERS_BIN")).join("plexus-test-device-plugin"))
+            .args(["-dir", dir.to_str().unwrap(), "-resource", resource, "-devices", devices])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        DevicePlugin(child)
+    }
+}
+
+impl Drop for DevicePlugin {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn resource_nads_get_the_kubelets_devices_through_the_pod_resources_api_by_get_and_by_list() {
+    // Two "ConnectX VFs" for the device plugin to advertise: PCI 0000:3b:00.2 is the node's
+    // ens2f0np0, 0000:3b:00.3 its ens5f0np0 (a fake sysfs: no PCI NICs in this kernel).
+    let sys = tempfile::tempdir().unwrap();
+    for (pci, netdev) in [("0000:3b:00.2", "ens2f0np0"), ("0000:3b:00.3", "ens5f0np0")] {
+        let dev = sys.path().join("devices/pci0000:3a").join(pci);
+        std::fs::create_dir_all(dev.join("net").join(netdev)).unwrap();
+        std::fs::create_dir_all(sys.path().join("bus/pci/devices")).unwrap();
+        std::os::unix::fs::symlink(&dev, sys.path().join("bus/pci/devices").join(pci)).unwrap();
+        std::fs::create_dir_all(sys.path().join("class/net").join(netdev)).unwrap();
+        std::os::unix::fs::symlink(&dev, sys.path().join("class/net").join(netdev).join("device")).unwrap();
+    }
+    // plexus's meta config points at no checkpoint: the devices can only come from the
+    // pod-resources API.
+    let c = Cluster::up_with(r#""kubeletCheckpoint": "/nonexistent/kubelet_internal_checkpoint""#, Some(sys.path()));
+    let plugin = DevicePlugin::start(&c, "example.com/roce", "0000:3b:00.2,0000:3b:00.3");
+    let allocatable = |n: &str| {
+        let (_, out) = c.kubectl(
+            &["get", "node", c.var("NODE_NAME"), "-o", r#"jsonpath={.status.allocatable.example\.com/roce}"#],
+            None,
+        );
+        out.trim() == n
+    };
+    wait_until("the node advertising example.com/roce", Duration::from_secs(60), || allocatable("2"));
+    let data = c.data();
+    let nad = format!(
+        r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata:
+  name: vf-pool
+  namespace: default
+  annotations: {{k8s.v1.cni.cncf.io/resourceName: example.com/roce}}
+spec:
+  config: '{{"cniVersion": "1.0.0", "type": "plexus-host-device", "dataDir": "{d}/hd", "ipam": {{"type": "plexus-ipam", "range": "198.18.248.0/24", "dataDir": "{d}/ipam"}}}}'
+"#,
+        d = data.display()
+    );
+    c.apply(&nad);
+    let pod = |name: &str| {
+        c.pod("default", name, "vf-pool").replace(
+            "command: [\"/bin/sh\", \"-c\", \"sleep 3600\"]}",
+            "command: [\"/bin/sh\", \"-c\", \"sleep 3600\"], resources: {limits: {example.com/roce: 1}}}",
+        )
+    };
+    let plexus_log = || std::fs::read_to_string(c.state().join("log/plexus.log")).unwrap_or_default();
+    let device_of = |name: &str| -> String {
+        let status = c.network_status("default", name);
+        status[1]["device-info"]["pci"]["pci-address"].as_str().unwrap_or_else(|| panic!("{status:?}")).to_string()
+    };
+    // Get (beta, on by default in 1.34).
+    c.apply(&pod("vf-a"));
+    c.wait_ready("default", "pod/vf-a", "90s");
+    let first = device_of("vf-a");
+    assert!(["0000:3b:00.2", "0000:3b:00.3"].contains(&first.as_str()), "{first}");
+    assert_eq!(c.pod_addrs("default", "vf-a"), BTreeSet::from(["net1 198.18.248.1/24".to_string()]));
+    assert!(plexus_log().contains("source=Get"), "plexus did not use pod-resources Get:\n{}", plexus_log());
+    // List: the kubelet restarted with Get disabled (the device plugin registers again).
+    drop(plugin);
+    std::fs::write(c.state().join("kubelet-flags"), "--feature-gates=KubeletPodResourcesGet=false\n").unwrap();
+    c.daemon("restart", "kubelet");
+    let _plugin = DevicePlugin::start(&c, "example.com/roce", "0000:3b:00.2,0000:3b:00.3");
+    wait_until("the node advertising example.com/roce again", Duration::from_secs(60), || allocatable("2"));
+    c.apply(&pod("vf-b"));
+    c.wait_ready("default", "pod/vf-b", "90s");
+    let second = device_of("vf-b");
+    assert!(["0000:3b:00.2", "0000:3b:00.3"].contains(&second.as_str()) && second != first, "{first} {second}");
+    assert!(plexus_log().contains("source=List"), "plexus did not fall back to List:\n{}", plexus_log());
+    // Deleting both returns both devices.
+    c.delete("default", &["pod", "vf-a", "vf-b"]);
+    wait_until("devices back on the node", Duration::from_secs(60), || {
+        c.node_link_up("ens2f0np0") && c.node_link_up("ens5f0np0")
+    });
+    wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
+}

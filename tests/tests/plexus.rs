@@ -195,7 +195,7 @@ fn selection_errors_and_missing_nads_are_clear() {
 }
 
 #[test]
-fn resource_nads_get_the_pods_sorted_device_ids_from_the_kubelet_checkpoint() {
+fn resource_nads_get_the_pods_sorted_device_ids_from_the_kubelet_checkpoint_when_pod_resources_is_absent() {
     let s = Standalone::new();
     let spy_dir = tempfile::tempdir().unwrap();
     let spy = spy_dir.path().join("spy-hostdev");
@@ -219,6 +219,10 @@ fn resource_nads_get_the_pods_sorted_device_ids_from_the_kubelet_checkpoint() {
     .unwrap();
     let mut c = s.conf("hostdev,hostdev");
     c["kubeletCheckpoint"] = json!(checkpoint);
+    // No kubelet here: its pod-resources socket is absent, and plexus falls back to the checkpoint.
+    let socket = s.dir.path().join("pod-resources/kubelet.sock");
+    c["podResourcesSocket"] = json!(socket);
+    assert!(!socket.exists());
     let path = format!("{}:{}", spy_dir.path().display(), bin_dir().display());
     let out = PluginRun::new(plugin_bin("plexus"), "ADD")
         .attachment("pod1", &s.lab.pod.path(), "eth0", &path)

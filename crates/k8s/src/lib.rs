@@ -7,6 +7,7 @@ pub mod api;
 pub mod checkpoint;
 pub mod error;
 pub mod nad;
+pub mod podresources;
 pub mod selection;
 pub mod status;
 

@@ -53,9 +53,14 @@ pub struct MetaConf {
     /// plexus: deadline of each Kubernetes API call, in seconds.
     #[serde(default)]
     pub api_timeout: Option<f64>,
-    /// plexus: the kubelet device-plugin checkpoint (device IDs of `resourceName` NADs).
+    /// plexus: the kubelet device-plugin checkpoint (device IDs of `resourceName` NADs), read
+    /// when the pod-resources API does not answer.
     #[serde(default)]
     pub kubelet_checkpoint: Option<PathBuf>,
+    /// plexus: the kubelet's pod-resources socket (device IDs of `resourceName` NADs; the
+    /// admin's key, as every meta config key).
+    #[serde(default)]
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 fn default_conf_dir() -> PathBuf {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use plexus_cni::{Error, Request};
 use plexus_k8s::nad::{self, NadSource};
 use plexus_k8s::selection::parse_default_network;
-use plexus_k8s::{K8sError, NetworkSelection, checkpoint, parse_selections};
+use plexus_k8s::{K8sError, NetworkSelection, checkpoint, parse_selections, podresources};
 use serde_json::{Map, Value};
 
 use crate::attachment::{Attachment, merge_cni_args};
@@ -148,14 +148,44 @@ fn kubelet_device(conf: &MetaConf, pod: &Pod, ns: &str, name: &str, resource: &s
         Error::invalid_config(format!("network-attachment-definition {ns}/{name} needs a device of {resource}: {why}"))
             .with_details("request the resource in the pod's containers; a deviceID in the annotation is not enough")
     };
-    if pod.uid.is_empty() {
-        return Err(refused("the runtime named no pod UID (K8S_POD_UID) to look the kubelet's allocation up".into()));
-    }
-    let cp = conf.kubelet_checkpoint.clone().unwrap_or_else(|| checkpoint::DEFAULT_CHECKPOINT.into());
-    let ids = checkpoint::device_ids(&cp, &pod.uid, resource)?;
-    ids.get(n)
-        .cloned()
-        .ok_or_else(|| refused(format!("the kubelet allocated {} to pod {} ({})", ids.len(), pod.uid, cp.display())))
+    // The kubelet's pod-resources API first (by pod name), then its checkpoint file (by UID).
+    let socket = conf.pod_resources_socket.clone().unwrap_or_else(|| podresources::DEFAULT_SOCKET.into());
+    let from_api = match pod.name.is_empty() {
+        true => None,
+        false => match podresources::device_ids(&socket, &pod.namespace, &pod.name, resource, conf.api_timeout()) {
+            Ok(Some((ids, source))) => {
+                tracing::debug!(?source, resource, ?ids, "devices from the kubelet's pod-resources API");
+                Some((ids, format!("pod-resources {}", socket.display())))
+            }
+            Ok(None) => {
+                tracing::info!(pod = %pod.name, "the kubelet's pod-resources API does not list the pod: reading its checkpoint");
+                None
+            }
+            Err(e) => {
+                tracing::info!("{e}: reading the kubelet's checkpoint");
+                None
+            }
+        },
+    };
+    let (ids, source) = match from_api {
+        Some(found) => found,
+        None => {
+            if pod.uid.is_empty() {
+                return Err(refused(
+                    "the runtime named no pod UID (K8S_POD_UID) to look the kubelet's allocation up".into(),
+                ));
+            }
+            let cp = conf.kubelet_checkpoint.clone().unwrap_or_else(|| checkpoint::DEFAULT_CHECKPOINT.into());
+            (checkpoint::device_ids(&cp, &pod.uid, resource)?, cp.display().to_string())
+        }
+    };
+    ids.get(n).cloned().ok_or_else(|| {
+        refused(format!(
+            "the kubelet allocated {} to pod {} ({source})",
+            ids.len(),
+            pod.reference().unwrap_or_else(|| pod.uid.clone())
+        ))
+    })
 }
 
 /// Every attachment of this pod, in order, with interface names `net1`, `net2`, ... for the

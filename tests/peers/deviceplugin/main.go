@@ -1,0 +1,103 @@
+// plexus-test-device-plugin: a minimal kubelet device plugin for plexus's real-node tests. It
+// advertises one resource whose device IDs are the PCI addresses it is given (matching a fake
+// sysfs), registers with the kubelet, and answers Allocate with nothing to inject: the kubelet
+// then records the allocation, which plexus reads back through the pod-resources API.
+//
+//	plexus-test-device-plugin -dir /var/lib/kubelet/device-plugins -resource example.com/roce \
+//	    -devices 0000:3b:00.2,0000:3b:00.3
+package main
+
+import (
+	"context"
+	"flag"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+type plugin struct {
+	pluginapi.UnimplementedDevicePluginServer
+	devices []*pluginapi.Device
+}
+
+func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return &pluginapi.DevicePluginOptions{}, nil
+}
+
+func (p *plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListAndWatchServer) error {
+	if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: p.devices}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+func (p *plugin) Allocate(_ context.Context, r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	resp := &pluginapi.AllocateResponse{}
+	for range r.ContainerRequests {
+		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{})
+	}
+	return resp, nil
+}
+
+func (p *plugin) GetPreferredAllocation(context.Context, *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	return &pluginapi.PreferredAllocationResponse{}, nil
+}
+
+func (p *plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+func main() {
+	dir := flag.String("dir", pluginapi.DevicePluginPath, "the kubelet's device-plugins directory")
+	resource := flag.String("resource", "example.com/roce", "the resource name")
+	devices := flag.String("devices", "", "device IDs, comma-separated")
+	flag.Parse()
+
+	p := &plugin{}
+	for _, id := range strings.Split(*devices, ",") {
+		if id != "" {
+			p.devices = append(p.devices, &pluginapi.Device{ID: id, Health: pluginapi.Healthy})
+		}
+	}
+	endpoint := "plexus-test.sock"
+	sock := filepath.Join(*dir, endpoint)
+	_ = os.Remove(sock)
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		log.Fatalf("listen %s: %v", sock, err)
+	}
+	server := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(server, p)
+	go func() { _ = server.Serve(lis) }()
+
+	conn, err := grpc.NewClient("unix://"+filepath.Join(*dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatalf("kubelet socket: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
+		Version: pluginapi.Version, Endpoint: endpoint, ResourceName: *resource,
+	})
+	cancel()
+	_ = conn.Close()
+	if err != nil {
+		log.Fatalf("register with the kubelet: %v", err)
+	}
+	log.Printf("registered %s with %d devices", *resource, len(p.devices))
+
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	<-stop
+	server.Stop()
+	_ = os.Remove(sock)
+}
