@@ -4,7 +4,7 @@
 Prints one JSON object: wall time and throughput of each phase, per-operation median, and how
 many distinct addresses the ADDs returned (a duplicate shows as distinct < N).
 
-  cni_load.py --plugin BIN --conf FILE[,FILE...] --count 512 --clients 16 [--netns PATH] [--phase add|del|both]
+  cni_load.py --plugin BIN --conf FILE[,FILE...] --count 512 --clients 16 [--netns PATH] [--phase add|del|both] [--pods]
 Several --conf files are used round-robin (e.g. one per simulated node).
 """
 import argparse, json, os, statistics, subprocess, sys, time
@@ -18,6 +18,7 @@ p.add_argument("--clients", type=int, default=16)
 p.add_argument("--netns", default="/var/run/netns/none")
 p.add_argument("--prefix", default="load")
 p.add_argument("--phase", default="both", choices=["add", "del", "both"])
+p.add_argument("--pods", action="store_true", help="name a pod per ADD in CNI_ARGS (K8S_POD_NAMESPACE/NAME), as kubelet does")
 a = p.parse_args()
 confs = [open(f, "rb").read() for f in a.conf.split(",")]
 path = os.path.dirname(os.path.abspath(a.plugin)) + ":/usr/lib/cni"
@@ -25,6 +26,8 @@ path = os.path.dirname(os.path.abspath(a.plugin)) + ":/usr/lib/cni"
 def call(verb, i):
     env = {"CNI_COMMAND": verb, "CNI_CONTAINERID": f"{a.prefix}{i}", "CNI_NETNS": a.netns,
            "CNI_IFNAME": "net1", "CNI_PATH": path, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if a.pods:
+        env["CNI_ARGS"] = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={a.prefix}{i}"
     if "PLEXUS_POLICY" in os.environ:  # the node policy the runtime's environment names
         env["PLEXUS_POLICY"] = os.environ["PLEXUS_POLICY"]
     t = time.perf_counter()
@@ -42,7 +45,8 @@ def phase(verb):
     wall = time.perf_counter() - t
     lat = [d for d, _ in out]
     return {"seconds": round(wall, 3), "ops_per_s": round(a.count / wall, 1),
-            "median_ms": round(statistics.median(lat) * 1000, 2)}, [x for _, x in out]
+            "median_ms": round(statistics.median(lat) * 1000, 2),
+            "p99_ms": round(sorted(lat)[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000, 2)}, [x for _, x in out]
 
 res = {"count": a.count, "clients": a.clients}
 if a.phase in ("add", "both"):

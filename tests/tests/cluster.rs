@@ -634,3 +634,182 @@ spec:
     });
     wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
 }
+
+/// One run of an IPAM plugin in the node's namespace, as a runtime would run it for pod `pod`.
+fn ipam_run(c: &Cluster, bin: &Path, verb: &str, cid: &str, pod: &str, conf: &Value) -> (bool, Value) {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", c.var("NODE_NETNS")])
+        .arg(bin)
+        .env("CNI_COMMAND", verb)
+        .env("CNI_CONTAINERID", cid)
+        .env("CNI_NETNS", "/var/run/netns/none")
+        .env("CNI_IFNAME", "net1")
+        .env("CNI_PATH", bin.parent().unwrap())
+        .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"))
+        .env("PLEXUS_POLICY", c.var("PLEXUS_POLICY"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(conf.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| serde_json::json!({"stdout": String::from_utf8_lossy(&out.stdout), "stderr": String::from_utf8_lossy(&out.stderr)}));
+    (out.status.success(), v)
+}
+
+#[test]
+fn plexus_ipam_and_whereabouts_share_one_pool_on_the_api_server_without_duplicates() {
+    use serde_json::json;
+    let c = Cluster::up("");
+    // The admin turns the store on: its RBAC, and the policy naming the node's credentials.
+    c.apply(&std::fs::read_to_string(repo().join("conf-examples/deploy/rbac-ipam-kubernetes.yaml")).unwrap());
+    let kubeconfig = Path::new(c.var("CNI_CONF_DIR")).join("plexus.d/plexus.kubeconfig");
+    let policy = json!({"dataRoots": [c.data()], "deviceInfoDir": c.state().join("devinfo"),
+        "kubernetes": {"kubeconfig": kubeconfig, "namespace": "kube-system"}});
+    std::fs::write(c.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
+    let flat = c.state().join("whereabouts.conf");
+    std::fs::write(
+        &flat,
+        json!({"datastore": "kubernetes", "kubernetes": {"kubeconfig": c.var("KUBECONFIG")}}).to_string(),
+    )
+    .unwrap();
+    let wb_conf = json!({"cniVersion": "1.0.0", "name": "shared",
+        "ipam": {"type": "whereabouts", "range": "198.18.160.0/23", "configuration_path": flat}});
+    let px_conf = json!({"cniVersion": "1.0.0", "name": "shared",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.160.0/23", "store": "kubernetes"}});
+    let wb = Path::new(c.var("PEERS_BIN")).join("whereabouts");
+    let px = plexus_tests::plugin_bin("plexus-ipam");
+    let tool = |i: usize| if i % 32 < 16 { (&wb, &wb_conf, "wb") } else { (&px, &px_conf, "px") };
+
+    // 500 addresses, 16 clients of each allocator at once.
+    const N: usize = 500;
+    let results: Vec<(usize, String)> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..32)
+            .map(|client| {
+                let (c, tool) = (&c, &tool);
+                s.spawn(move || {
+                    (client..N)
+                        .step_by(32)
+                        .map(|i| {
+                            let (bin, conf, who) = tool(i);
+                            let (cid, pod) = (format!("{who}-c{i}"), format!("pod-{i}"));
+                            let mut attempt = 0;
+                            let r = loop {
+                                let (ok, r) = ipam_run(c, bin, "ADD", &cid, &pod, conf);
+                                if ok {
+                                    break r;
+                                }
+                                // whereabouts times out under this contention (its Lease): as the
+                                // kubelet does, DEL the failed attempt and try again. plexus-ipam
+                                // must not need that.
+                                assert!(who == "wb" && attempt < 10, "{who} ADD {i}: {r}");
+                                eprintln!("whereabouts ADD {i} failed, retried: {r}");
+                                assert!(ipam_run(c, bin, "DEL", &cid, &pod, conf).0);
+                                attempt += 1;
+                            };
+                            (i, r["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().to_string())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        clients.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let distinct: BTreeSet<&String> = results.iter().map(|(_, ip)| ip).collect();
+    assert_eq!(distinct.len(), N, "every address handed out once");
+    // Every address is accounted for in whereabouts' own objects, under the container that got it.
+    let pool = || -> Value {
+        let (ok, out) = c.kubectl(
+            &["-n", "kube-system", "get", "ippools.whereabouts.cni.cncf.io", "198.18.160.0-23", "-o", "json"],
+            None,
+        );
+        assert!(ok, "{out}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let reservations = || {
+        let (ok, out) = c.kubectl(
+            &["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io", "-o", "name"],
+            None,
+        );
+        assert!(ok, "{out}");
+        out.lines().filter(|l| !l.is_empty()).count()
+    };
+    let p = pool();
+    let allocations = p["spec"]["allocations"].as_object().unwrap();
+    assert_eq!(allocations.len(), N);
+    for (i, ip) in &results {
+        let offset =
+            u32::from(ip.parse::<std::net::Ipv4Addr>().unwrap()) - u32::from(std::net::Ipv4Addr::new(198, 18, 160, 0));
+        let who = tool(*i).2;
+        assert_eq!(allocations[&offset.to_string()]["id"], format!("{who}-c{i}"), "{ip}");
+        assert_eq!(allocations[&offset.to_string()]["podref"], format!("default/pod-{i}"));
+    }
+    assert_eq!(reservations(), N, "one OverlappingRangeIPReservation per address");
+
+    // A pod whose NAD moved from whereabouts to plexus-ipam keeps its address in its new sandbox
+    // (idempotent per pod and interface), and the entry now names the new container.
+    let (i0, ip0) = results.iter().find(|(i, _)| tool(*i).2 == "wb").unwrap().clone();
+    let (ok, r) = ipam_run(&c, &px, "ADD", "px-new-sandbox", &format!("pod-{i0}"), &px_conf);
+    assert!(ok, "{r}");
+    assert_eq!(r["ips"][0]["address"], format!("{ip0}/23"));
+    let offset0 = (u32::from(ip0.parse::<std::net::Ipv4Addr>().unwrap())
+        - u32::from(std::net::Ipv4Addr::new(198, 18, 160, 0)))
+    .to_string();
+    assert_eq!(pool()["spec"]["allocations"][&offset0]["id"], "px-new-sandbox");
+    // Released across allocators: plexus-ipam frees that address, whereabouts frees one of plexus's.
+    assert!(ipam_run(&c, &px, "DEL", "px-new-sandbox", &format!("pod-{i0}"), &px_conf).0);
+    let (i1, ip1) = results.iter().find(|(i, _)| tool(*i).2 == "px").unwrap().clone();
+    assert!(ipam_run(&c, &wb, "DEL", &format!("px-c{i1}"), &format!("pod-{i1}"), &wb_conf).0);
+    let offset1 = (u32::from(ip1.parse::<std::net::Ipv4Addr>().unwrap())
+        - u32::from(std::net::Ipv4Addr::new(198, 18, 160, 0)))
+    .to_string();
+    let p = pool();
+    assert!(p["spec"]["allocations"].get(&offset0).is_none() && p["spec"]["allocations"].get(&offset1).is_none());
+    assert_eq!(reservations(), N - 2, "both reservations went with their addresses");
+
+    // API server down: ADD fails with code 11 within its deadline; back up: consistent again.
+    c.daemon("stop", "kube-apiserver");
+    let started = Instant::now();
+    let (ok, r) = ipam_run(&c, &px, "ADD", "px-down", "pod-down", &px_conf);
+    assert!(!ok && r["code"] == 11, "{r}");
+    assert!(started.elapsed() < Duration::from_secs(45), "{:?}", started.elapsed());
+    c.daemon("start", "kube-apiserver");
+    let (ok, r) = ipam_run(&c, &px, "ADD", "px-up", "pod-up", &px_conf);
+    assert!(ok, "{r}");
+    assert!(ipam_run(&c, &px, "DEL", "px-up", "pod-up", &px_conf).0);
+
+    // Everything released, each address by the allocator that did not take it: nothing is left.
+    std::thread::scope(|s| {
+        for client in 0..16 {
+            let (c, results, tool, px, px_conf, wb, wb_conf) = (&c, &results, &tool, &px, &px_conf, &wb, &wb_conf);
+            s.spawn(move || {
+                for (i, _) in results.iter().skip(client).step_by(16) {
+                    let who = tool(*i).2;
+                    let (bin, conf) = if who == "wb" { (px, px_conf) } else { (wb, wb_conf) };
+                    let (ok, r) = ipam_run(c, bin, "DEL", &format!("{who}-c{i}"), &format!("pod-{i}"), conf);
+                    assert!(ok, "DEL {i}: {r}");
+                }
+            });
+        }
+    });
+    // whereabouts' DEL returns success whatever happened (cmdDel discards IPManagement's error):
+    // under this contention it can keep an address. plexus-ipam's DELs must have left nothing;
+    // what whereabouts kept is freed by plexus-ipam, which must then leave nothing either.
+    let left: Vec<String> = pool()["spec"]["allocations"]
+        .as_object()
+        .map(|a| a.values().map(|v| v["id"].as_str().unwrap_or_default().to_string()).collect())
+        .unwrap_or_default();
+    assert!(left.iter().all(|id| id.starts_with("px-c")), "plexus-ipam DEL left entries behind: {left:?}");
+    if !left.is_empty() {
+        eprintln!("whereabouts DEL succeeded but kept {left:?}: released by plexus-ipam");
+    }
+    for id in &left {
+        let i = id.trim_start_matches("px-c");
+        assert!(ipam_run(&c, &px, "DEL", id, &format!("pod-{i}"), &px_conf).0);
+    }
+    assert_eq!(pool()["spec"]["allocations"].as_object().map(|a| a.len()).unwrap_or(0), 0);
+    assert_eq!(reservations(), 0);
+}

@@ -119,6 +119,25 @@ fn the_four_rail_example_attaches_four_rails_in_one_subnet() {
     assert_eq!(lab.pod.links().len(), 1);
 }
 
+#[test]
+fn the_ipam_store_rbac_is_a_namespaced_role_with_only_what_the_kubernetes_store_does() {
+    let objs = yaml_docs(&examples().join("deploy/rbac-ipam-kubernetes.yaml"));
+    let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["Role", "RoleBinding"]);
+    assert_eq!(objs[0]["metadata"]["namespace"], "kube-system");
+    assert_eq!(
+        objs[0]["rules"],
+        json!([{"apiGroups": ["whereabouts.cni.cncf.io"], "resources": ["ippools"], "verbs": ["get", "create", "patch"]},
+               {"apiGroups": ["whereabouts.cni.cncf.io"], "resources": ["overlappingrangeipreservations"],
+                "verbs": ["get", "create", "patch", "delete"]},
+               {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+               {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["whereabouts"],
+                "verbs": ["get", "update"]}])
+    );
+    assert_eq!(objs[1]["roleRef"]["name"], "plexus-ipam");
+    assert_eq!(objs[1]["subjects"][0], json!({"kind": "ServiceAccount", "name": "plexus", "namespace": "kube-system"}));
+}
+
 fn manifests() -> Vec<Value> {
     let mut all = Vec::new();
     for f in ["crd.yaml", "rbac.yaml", "daemonset.yaml"] {

@@ -18,7 +18,8 @@
 //!             "pciAddresses": ["0000:3b:00.*"],
 //!             "namespaces": {"team-a": {"parents": ["ens1f0np0"]}}},
 //!   "maxAttachments": 64,
-//!   "deviceInfoDir": "/var/run/k8s.cni.cncf.io/devinfo/cni"
+//!   "deviceInfoDir": "/var/run/k8s.cni.cncf.io/devinfo/cni",
+//!   "kubernetes": {"kubeconfig": "/etc/cni/net.d/plexus.d/plexus.kubeconfig", "namespace": "kube-system"}
 //! }
 //! ```
 
@@ -59,9 +60,29 @@ pub struct Policy {
     /// The directory `runtimeConfig.CNIDeviceInfoFile` must name a file in.
     #[serde(default = "default_device_info_dir")]
     pub device_info_dir: PathBuf,
+    /// The Kubernetes API plexus-ipam's `kubernetes` store uses (`"store": "kubernetes"`): the
+    /// node's credentials and the namespace of the IPAM objects. Only here, never in a config.
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesPolicy>,
     /// The file this policy came from (messages say which rule refused what).
     #[serde(skip)]
     pub source: String,
+}
+
+/// The Kubernetes API of plexus-ipam's `kubernetes` store.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesPolicy {
+    /// A kubeconfig with the node's credentials (the DaemonSet's service-account kubeconfig).
+    pub kubeconfig: PathBuf,
+    /// The namespace of the IPPool and OverlappingRangeIPReservation objects (whereabouts'
+    /// default: `kube-system`).
+    #[serde(default = "default_ipam_namespace")]
+    pub namespace: String,
+}
+
+fn default_ipam_namespace() -> String {
+    "kube-system".into()
 }
 
 /// The log destination of plexus's delegates.
@@ -154,6 +175,7 @@ impl Default for Policy {
             allow: Allow::default(),
             max_attachments: default_max_attachments(),
             device_info_dir: default_device_info_dir(),
+            kubernetes: None,
             source: format!("defaults (no {})", paths::POLICY_FILE),
         }
     }

@@ -127,6 +127,18 @@ pub enum StoreConfig {
         root: PathBuf,
     },
     Etcd(EtcdConfig),
+    /// whereabouts' objects on the Kubernetes API (`"store": "kubernetes"`).
+    Kubernetes(KubernetesStoreConfig),
+}
+
+/// The `kubernetes` store: the API and namespace come from the node policy; a network may only
+/// choose `leaderElection`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubernetesStoreConfig {
+    pub kubeconfig: PathBuf,
+    pub namespace: String,
+    /// Take whereabouts' `whereabouts` Lease around each change, as whereabouts does.
+    pub leader_election: bool,
 }
 
 /// The parsed IPAM configuration of one network.
@@ -298,6 +310,10 @@ fn parse_store(v: Option<&Value>, data_dir: Option<PathBuf>, policy: &Policy) ->
                 None => tenant_file_store("dataDir", data_dir, policy),
             }
         }
+        Some(Value::String(s)) if s == "kubernetes" => kubernetes_store(&Value::Object(Default::default()), policy),
+        Some(Value::Object(m)) if m.len() == 1 && m.contains_key("kubernetes") => {
+            kubernetes_store(&m["kubernetes"], policy)
+        }
         Some(Value::Object(m)) if m.len() == 1 && m.contains_key("etcd") => Err(IpamError::Refused(format!(
             "store.etcd in a network config is refused: etcd endpoints and credentials come from the node policy; \
              define a profile under \"stores\" in the policy ({}) and select it with \"store\": \"<name>\"",
@@ -315,6 +331,46 @@ fn parse_store(v: Option<&Value>, data_dir: Option<PathBuf>, policy: &Policy) ->
             "unknown store {other}: use \"file\", {{\"file\": {{\"dataDir\": ...}}}} or the name of a store profile of the node policy"
         ))),
     }
+}
+
+/// The `kubernetes` store with a network's options (`leaderElection` only): the API credentials
+/// and the namespace are the node policy's `kubernetes`.
+fn kubernetes_store(options: &Value, policy: &Policy) -> Result<StoreConfig, IpamError> {
+    let Some(k) = &policy.kubernetes else {
+        return Err(IpamError::Refused(format!(
+            "store \"kubernetes\" needs the node policy's \"kubernetes\" (kubeconfig, namespace), which {} does not set",
+            policy.source
+        )));
+    };
+    let Some(options) = options.as_object() else {
+        return Err(IpamError::Config(format!("store.kubernetes must be an object, not {options}")));
+    };
+    let mut leader_election = false;
+    for (key, value) in options {
+        match (key.as_str(), value) {
+            ("leaderElection", Value::Bool(b)) => leader_election = *b,
+            ("leaderElection", other) => {
+                return Err(IpamError::Config(format!("store.kubernetes.leaderElection {other} is not a boolean")));
+            }
+            ("kubeconfig" | "namespace", _) => {
+                return Err(IpamError::Refused(format!(
+                    "store.kubernetes.{key} in a network config is refused: the API and namespace come from the node \
+                     policy's \"kubernetes\" ({})",
+                    policy.source
+                )));
+            }
+            (other, _) => {
+                return Err(IpamError::Config(format!(
+                    "unknown key store.kubernetes.{other}: a network may set only leaderElection"
+                )));
+            }
+        }
+    }
+    Ok(StoreConfig::Kubernetes(KubernetesStoreConfig {
+        kubeconfig: k.kubeconfig.clone(),
+        namespace: k.namespace.clone(),
+        leader_election,
+    }))
 }
 
 /// This node's name: the kernel's host name (nodes are named after their hosts).
@@ -401,5 +457,42 @@ mod tests {
         assert!(e.to_string().starts_with("dataDir \"/etc\" is not beneath the node policy's dataRoots"), "{e}");
         let e = conf(json!({"range": "198.18.0.0/24", "store": {"file": {"dataDir": "/tmp/x"}}})).unwrap_err();
         assert!(e.to_string().starts_with("store.file.dataDir \"/tmp/x\""), "{e}");
+    }
+
+    #[test]
+    fn the_kubernetes_store_takes_the_api_from_the_policy_and_only_leader_election_from_the_network() {
+        let with_policy = |ipam: Value| {
+            let mut policy = Policy::default();
+            policy.kubernetes = Some(plexus_cni::policy::KubernetesPolicy {
+                kubeconfig: "/etc/cni/net.d/plexus.d/plexus.kubeconfig".into(),
+                namespace: "kube-system".into(),
+            });
+            let nc: NetConf =
+                serde_json::from_value(json!({"cniVersion": "1.1.0", "name": "rail0", "ipam": ipam})).unwrap();
+            IpamConfig::from_netconf(&nc, &policy)
+        };
+        let c = with_policy(json!({"range": "198.18.0.0/24", "store": "kubernetes"})).unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Kubernetes(KubernetesStoreConfig {
+                kubeconfig: "/etc/cni/net.d/plexus.d/plexus.kubeconfig".into(),
+                namespace: "kube-system".into(),
+                leader_election: false,
+            })
+        );
+        let c =
+            with_policy(json!({"range": "198.18.0.0/24", "store": {"kubernetes": {"leaderElection": true}}})).unwrap();
+        assert!(matches!(c.store, StoreConfig::Kubernetes(KubernetesStoreConfig { leader_election: true, .. })));
+        let e = with_policy(
+            json!({"range": "198.18.0.0/24", "store": {"kubernetes": {"kubeconfig": "/root/.kube/config"}}}),
+        )
+        .unwrap_err();
+        assert!(matches!(e, IpamError::Refused(_)));
+        assert!(e.to_string().starts_with("store.kubernetes.kubeconfig in a network config is refused"), "{e}");
+        let e = with_policy(json!({"range": "198.18.0.0/24", "store": {"kubernetes": {"leaderElection": "yes"}}}))
+            .unwrap_err();
+        assert_eq!(e.to_string(), "store.kubernetes.leaderElection \"yes\" is not a boolean");
+        let e = conf(json!({"range": "198.18.0.0/24", "store": "kubernetes"})).unwrap_err();
+        assert!(e.to_string().starts_with("store \"kubernetes\" needs the node policy's \"kubernetes\""), "{e}");
     }
 }

@@ -42,19 +42,33 @@ fn nads() -> ApiResource {
     )
 }
 
-/// Why a call failed: gone (404), retryable, or final.
+/// Why a call failed: gone (404), a conflict (409, or 422 from a JSON Patch `test`), retryable,
+/// or final.
 enum Failure {
     NotFound,
+    Conflict(String),
     Retry(String),
     Final(String),
+}
+
+/// The answer to [`ApiClient::send`].
+#[derive(Debug)]
+pub enum Reply {
+    Ok(serde_json::Value),
+    NotFound,
+    /// 409 (already exists, conflict) or 422 (invalid: a JSON Patch `test` failed).
+    Conflict(String),
 }
 
 fn classify(e: kube::Error) -> Failure {
     match e {
         kube::Error::Api(s) if s.code == 404 => Failure::NotFound,
+        kube::Error::Api(s) if s.code == 409 || s.code == 422 => Failure::Conflict(format!("{} {}", s.code, s.message)),
         kube::Error::Api(s) if s.code >= 500 || s.code == 429 => Failure::Retry(format!("{} {}", s.code, s.message)),
         kube::Error::Api(s) => Failure::Final(format!("{} {}", s.code, s.message)),
         kube::Error::HyperError(e) => Failure::Retry(e.to_string()),
+        // The connection failed under the request (closed, refused): worth another attempt.
+        kube::Error::Service(e) => Failure::Retry(e.to_string()),
         other => Failure::Final(other.to_string()),
     }
 }
@@ -110,6 +124,50 @@ impl ApiClient {
                     Ok(Ok(v)) => return Ok(Some(v)),
                     Ok(Err(e)) => match classify(e) {
                         Failure::NotFound => return Ok(None),
+                        Failure::Final(m) | Failure::Conflict(m) => {
+                            return Err(K8sError::Unavailable(format!("{what}: {m}")));
+                        }
+                        Failure::Retry(m) => last = m,
+                    },
+                }
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+            Err(K8sError::Unavailable(format!("{what}: {last} (after {ATTEMPTS} attempts)")))
+        })
+    }
+
+    /// One request to `path` (JSON in, JSON out) with the deadline and the retries of server
+    /// errors; 404 and conflicts are answers, not errors.
+    pub fn send(
+        &self,
+        what: &str,
+        method: http::Method,
+        path: &str,
+        content_type: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Reply, K8sError> {
+        let bytes = body.map(|b| serde_json::to_vec(b).expect("json")).unwrap_or_default();
+        let request = || {
+            let req = http::Request::builder()
+                .method(method.clone())
+                .uri(path)
+                .header(http::header::CONTENT_TYPE, content_type)
+                .header(http::header::ACCEPT, "application/json")
+                .body(bytes.clone())
+                .expect("request");
+            self.client.request::<serde_json::Value>(req)
+        };
+        self.rt.block_on(async {
+            let mut last = String::new();
+            for attempt in 0..ATTEMPTS {
+                match tokio::time::timeout(self.timeout, request()).await {
+                    Err(_) => {
+                        return Err(K8sError::Unavailable(format!("{what}: no answer within {:?}", self.timeout)));
+                    }
+                    Ok(Ok(v)) => return Ok(Reply::Ok(v)),
+                    Ok(Err(e)) => match classify(e) {
+                        Failure::NotFound => return Ok(Reply::NotFound),
+                        Failure::Conflict(m) => return Ok(Reply::Conflict(m)),
                         Failure::Final(m) => return Err(K8sError::Unavailable(format!("{what}: {m}"))),
                         Failure::Retry(m) => last = m,
                     },

@@ -163,12 +163,18 @@ impl Plugin for Ipam {
         let valid = req.valid_attachments()?;
         let store = open_store(&cfg)?;
         let mut failures = Vec::new();
-        let stale: Vec<_> = store
-            .list()?
-            .into_iter()
-            .filter(|a| a.owner.node == cfg.node && a.owner.network == cfg.network)
-            .filter(|a| !valid.iter().any(|v| a.owner.same_attachment(&v.container_id, &v.ifname)))
-            .collect();
+        let mut stale = Vec::new();
+        for a in store.list()? {
+            if a.owner.network != cfg.network
+                || valid.iter().any(|v| a.owner.same_attachment(&v.container_id, &v.ifname))
+            {
+                continue;
+            }
+            match store.node_of(&a)? {
+                Some(node) if node != cfg.node => continue,
+                _ => stale.push(a),
+            }
+        }
         let mut done = std::collections::HashSet::new();
         for a in stale {
             if done.insert((a.owner.container_id.clone(), a.owner.ifname.clone()))

@@ -3,6 +3,8 @@
 
 pub mod etcd;
 pub mod file;
+pub mod kubernetes;
+mod kubernetes_lease;
 
 use std::net::IpAddr;
 
@@ -17,6 +19,9 @@ pub fn open(cfg: &IpamConfig) -> Result<Box<dyn Store>, IpamError> {
     Ok(match &cfg.store {
         StoreConfig::File { data_dir, root } => Box::new(file::FileStore::open(data_dir, root, &cfg.domain)?),
         StoreConfig::Etcd(etcd) => Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?),
+        StoreConfig::Kubernetes(k) => {
+            Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges)?)
+        }
     })
 }
 
@@ -28,6 +33,9 @@ pub fn open_for_release(cfg: &IpamConfig) -> Result<Option<Box<dyn Store>>, Ipam
             file::FileStore::open_existing(data_dir, root, &cfg.domain)?.map(|s| Box::new(s) as Box<dyn Store>)
         }
         StoreConfig::Etcd(etcd) => Some(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?)),
+        StoreConfig::Kubernetes(k) => {
+            Some(Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges)?))
+        }
     })
 }
 
@@ -95,6 +103,13 @@ pub trait Store {
     fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError>;
     /// Every allocation of the domain.
     fn list(&self) -> Result<Vec<Allocation>, IpamError>;
+
+    /// The node an allocation belongs to, for GC: the one recorded with it, or — for stores
+    /// whose records name no node (whereabouts' objects) — the node of its pod; `None` when its
+    /// pod is gone (stale wherever GC runs).
+    fn node_of(&self, a: &Allocation) -> Result<Option<String>, IpamError> {
+        Ok(Some(a.owner.node.clone()))
+    }
 }
 
 /// The order in which next-fit tries offsets: after the cursor to the end, then from the start

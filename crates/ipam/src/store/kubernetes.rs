@@ -1,0 +1,633 @@
+//! The `kubernetes` store: whereabouts' own objects on the Kubernetes API, so plexus-ipam and
+//! whereabouts share pools and a cluster can switch in either direction without renumbering.
+//!
+//! ```text
+//! IPPool (whereabouts.cni.cncf.io/v1alpha1), named [<network_name>-]<range, ':' and '/' → '-'>
+//!   spec.range        the network CIDR (198.18.0.0/24)
+//!   spec.allocations  "<decimal offset from the network address>": {id, podref, ifname}
+//!   metadata.annotations["ipam.plexus.io/next"]   plexus's next-fit cursor (a hint)
+//! OverlappingRangeIPReservation, named [<network_name>-]<address, ':' → '-'>
+//!   spec              {containerid, podref, ifname}
+//! ```
+//!
+//! No global lock: an allocation is one JSON Patch that `test`s the offset is absent and `add`s
+//! it; a release `test`s the entry's container ID and `remove`s it. Two writers can never take
+//! one address, so allocations of different addresses never conflict — also with whereabouts,
+//! whose patches `test` the pool's resourceVersion and retry when plexus wrote in between. A
+//! failed `test` (422) moves on to the next candidate; a deadline bounds it all (code 11).
+//! `"leaderElection": true` takes whereabouts' `whereabouts` Lease around each change instead, for
+//! operators who want strict equivalence.
+//!
+//! whereabouts writes offsets as uint64 and reads them back as int64: offsets of 2^63 and more
+//! (the upper half of an IPv6 /64) would be lost on its side, so plexus never hands them out.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use http::Method;
+use plexus_k8s::api::{ApiClient, Reply};
+use serde_json::{Value, json};
+
+use super::{AllocRequest, Allocation, Candidates, Owner, Store};
+use crate::config::{DEFAULT_DOMAIN, KubernetesStoreConfig};
+use crate::error::IpamError;
+use crate::range::IpRange;
+
+const GROUP_PATH: &str = "/apis/whereabouts.cni.cncf.io/v1alpha1";
+const CURSOR_ANNOTATION: &str = "ipam.plexus.io/next";
+/// Per API call (connect, read), as whereabouts' request timeout.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// For a whole ADD or DEL: conflicts, and calls that failed or timed out, are retried until then.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// The largest offset whereabouts can read back (int64).
+const MAX_OFFSET: u128 = i64::MAX as u128;
+const JSON_PATCH: &str = "application/json-patch+json";
+const JSON: &str = "application/json";
+
+pub struct KubernetesStore {
+    api: ApiClient,
+    namespace: String,
+    /// whereabouts' `network_name`, the prefix of object names (none for the default domain).
+    network_name: Option<String>,
+    network: String,
+    ranges: Vec<IpRange>,
+    leader_election: bool,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> IpamError {
+    IpamError::Unavailable(format!("Kubernetes: {e}"))
+}
+
+/// An IPPool's name for `range` (whereabouts' `IPPoolName`, default naming).
+pub fn pool_name(network_name: Option<&str>, range: &IpRange) -> String {
+    let mut r = range.network.to_string();
+    if r.ends_with(':') {
+        r.push('0');
+    }
+    let r = r.replace([':', '/'], "-");
+    match network_name {
+        Some(n) => format!("{n}-{r}"),
+        None => r,
+    }
+}
+
+/// An OverlappingRangeIPReservation's name for `ip` (whereabouts' `NormalizeIP`).
+pub fn reservation_name(network_name: Option<&str>, ip: IpAddr) -> String {
+    let mut s = ip.to_string();
+    if s.ends_with(':') {
+        s.push('0');
+    }
+    let s = s.replace(':', "-");
+    match network_name {
+        Some(n) => format!("{n}-{s}"),
+        None => s,
+    }
+}
+
+/// One pool as read: its allocations by offset and its cursor.
+struct Pool {
+    name: String,
+    allocations: BTreeMap<u128, Value>,
+    cursor: Option<u128>,
+    has_annotations: bool,
+    has_allocations: bool,
+}
+
+impl Pool {
+    fn from_object(name: &str, obj: &Value) -> Pool {
+        let allocs = obj.pointer("/spec/allocations").and_then(Value::as_object);
+        let allocations = allocs
+            .map(|m| m.iter().filter_map(|(k, v)| k.parse::<u128>().ok().map(|o| (o, v.clone()))).collect())
+            .unwrap_or_default();
+        let annotations = obj.pointer("/metadata/annotations").and_then(Value::as_object);
+        Pool {
+            name: name.to_string(),
+            allocations,
+            cursor: annotations
+                .and_then(|a| a.get(CURSOR_ANNOTATION))
+                .and_then(Value::as_str)
+                .and_then(|c| c.parse().ok()),
+            has_annotations: annotations.is_some(),
+            has_allocations: allocs.is_some(),
+        }
+    }
+
+    /// The offset `owner` holds here: by container ID and ifname, or (idempotent ADD, as
+    /// whereabouts) by pod and ifname.
+    fn held_by(&self, owner: &Owner) -> Option<(u128, bool)> {
+        let same = |v: &Value, k: &str, want: &str| v.get(k).and_then(Value::as_str) == Some(want);
+        if let Some((o, _)) = self
+            .allocations
+            .iter()
+            .find(|(_, v)| same(v, "id", &owner.container_id) && same(v, "ifname", &owner.ifname))
+        {
+            return Some((*o, false));
+        }
+        let pod = owner.pod_ref.as_deref().filter(|p| !p.is_empty())?;
+        self.allocations
+            .iter()
+            .find(|(_, v)| same(v, "podref", pod) && same(v, "ifname", &owner.ifname))
+            .map(|(o, _)| (*o, true))
+    }
+}
+
+/// Whether a reservation is the attachment's: by container ID when it names one (plexus writes
+/// it), else by pod and interface (whereabouts writes only those).
+fn reserved_for(r: &Value, container_id: &str, pod_ref: &str, ifname: &str) -> bool {
+    let s = |k: &str| r.pointer(&format!("/spec/{k}")).and_then(Value::as_str).unwrap_or_default();
+    match s("containerid") {
+        "" => s("podref") == pod_ref && s("ifname") == ifname,
+        id => id == container_id,
+    }
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+impl KubernetesStore {
+    pub fn connect(
+        cfg: &KubernetesStoreConfig,
+        domain: &str,
+        network: &str,
+        ranges: &[IpRange],
+    ) -> Result<KubernetesStore, IpamError> {
+        let api = ApiClient::connect(Some(&cfg.kubeconfig), CALL_TIMEOUT)
+            .map_err(|e| IpamError::Config(format!("store kubernetes: {e}")))?
+            .ok_or_else(|| IpamError::Config("store kubernetes: no kubeconfig".into()))?;
+        Ok(KubernetesStore {
+            api,
+            namespace: cfg.namespace.clone(),
+            network_name: (domain != DEFAULT_DOMAIN).then(|| domain.to_string()),
+            network: network.to_string(),
+            ranges: ranges.to_vec(),
+            leader_election: cfg.leader_election,
+        })
+    }
+
+    fn path(&self, kind: &str, name: Option<&str>) -> String {
+        let base = format!("{GROUP_PATH}/namespaces/{}/{kind}", self.namespace);
+        match name {
+            Some(n) => format!("{base}/{n}"),
+            None => base,
+        }
+    }
+
+    /// The pool of `range`, created (empty) when it does not exist yet.
+    fn pool(&self, range: &IpRange) -> Result<Pool, IpamError> {
+        let name = pool_name(self.network_name.as_deref(), range);
+        for _ in 0..3 {
+            let what = format!("get ippool {}/{name}", self.namespace);
+            match self
+                .api
+                .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
+                .map_err(unavailable)?
+            {
+                Reply::Ok(obj) => return Ok(Pool::from_object(&name, &obj)),
+                Reply::NotFound => {
+                    let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+                        "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
+                        "spec": {"range": range.network.to_string(), "allocations": {}}});
+                    let what = format!("create ippool {}/{name}", self.namespace);
+                    // Created by another writer meanwhile: read it again.
+                    self.api
+                        .send(&what, Method::POST, &self.path("ippools", None), JSON, Some(&obj))
+                        .map_err(unavailable)?;
+                }
+                Reply::Conflict(m) => return Err(unavailable(m)),
+            }
+        }
+        Err(unavailable(format!("ippool {name} could not be read")))
+    }
+
+    fn patch_pool(&self, pool: &str, ops: &[Value]) -> Result<bool, IpamError> {
+        let what = format!("patch ippool {}/{pool}", self.namespace);
+        match self
+            .api
+            .send(
+                &what,
+                Method::PATCH,
+                &self.path("ippools", Some(pool)),
+                JSON_PATCH,
+                Some(&Value::Array(ops.to_vec())),
+            )
+            .map_err(unavailable)?
+        {
+            Reply::Ok(_) => Ok(true),
+            Reply::Conflict(_) | Reply::NotFound => Ok(false),
+        }
+    }
+
+    fn entry(owner: &Owner) -> Value {
+        json!({"id": owner.container_id, "podref": owner.pod_ref.clone().unwrap_or_default(), "ifname": owner.ifname})
+    }
+
+    /// Create the address's OverlappingRangeIPReservation; `false` when another attachment
+    /// holds it (an overlapping range gave it out).
+    fn reserve(&self, ip: IpAddr, owner: &Owner) -> Result<bool, IpamError> {
+        let name = reservation_name(self.network_name.as_deref(), ip);
+        let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"containerid": owner.container_id, "podref": owner.pod_ref.clone().unwrap_or_default(), "ifname": owner.ifname}});
+        let what = format!("create overlappingrangeipreservation {}/{name}", self.namespace);
+        match self
+            .api
+            .send(&what, Method::POST, &self.path("overlappingrangeipreservations", None), JSON, Some(&obj))
+            .map_err(unavailable)?
+        {
+            Reply::Ok(_) => Ok(true),
+            Reply::Conflict(_) => {
+                // Ours already (a retried ADD)?
+                let what = format!("get overlappingrangeipreservation {}/{name}", self.namespace);
+                match self
+                    .api
+                    .send(&what, Method::GET, &self.path("overlappingrangeipreservations", Some(&name)), JSON, None)
+                    .map_err(unavailable)?
+                {
+                    Reply::Ok(r) => Ok(r.pointer("/spec/containerid").and_then(Value::as_str)
+                        == Some(&owner.container_id)
+                        && r.pointer("/spec/ifname").and_then(Value::as_str) == Some(&owner.ifname)),
+                    _ => Ok(false),
+                }
+            }
+            Reply::NotFound => Err(unavailable("the OverlappingRangeIPReservation resource is not installed")),
+        }
+    }
+
+    /// The address's reservation passed from the pod's old container to `owner` (created when
+    /// it is missing), so the new container's DEL removes it.
+    fn reown(&self, ip: IpAddr, old_container: &str, owner: &Owner) -> Result<(), IpamError> {
+        let name = reservation_name(self.network_name.as_deref(), ip);
+        let path = self.path("overlappingrangeipreservations", Some(&name));
+        let what = format!("overlappingrangeipreservation {}/{name}", self.namespace);
+        match self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
+            Reply::Ok(r)
+                if reserved_for(&r, old_container, owner.pod_ref.as_deref().unwrap_or_default(), &owner.ifname) =>
+            {
+                let ops = json!([{"op": "add", "path": "/spec/containerid", "value": owner.container_id}]);
+                self.api.send(&what, Method::PATCH, &path, JSON_PATCH, Some(&ops)).map_err(unavailable)?;
+                Ok(())
+            }
+            Reply::Ok(_) => Ok(()),
+            _ => self.reserve(ip, owner).map(|_| ()),
+        }
+    }
+
+    /// Delete the address's OverlappingRangeIPReservation if the released allocation `a` holds it.
+    fn unreserve(&self, a: &Allocation) -> Result<(), IpamError> {
+        let name = reservation_name(self.network_name.as_deref(), a.ip);
+        let path = self.path("overlappingrangeipreservations", Some(&name));
+        let what = format!("overlappingrangeipreservation {}/{name}", self.namespace);
+        let Reply::Ok(r) = self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? else {
+            return Ok(());
+        };
+        if !reserved_for(&r, &a.owner.container_id, a.owner.pod_ref.as_deref().unwrap_or_default(), &a.owner.ifname) {
+            return Ok(());
+        }
+        let rv = r.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
+        let opts = json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": rv}});
+        self.api.send(&what, Method::DELETE, &path, JSON, Some(&opts)).map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Take one address of `range` for `req.owner` (or keep the one it holds).
+    fn allocate_in(
+        &self,
+        range: &IpRange,
+        requested: Option<IpAddr>,
+        req: &AllocRequest<'_>,
+        deadline: Instant,
+    ) -> Result<IpAddr, IpamError> {
+        let owner = &req.owner;
+        let mut skip = std::collections::BTreeSet::new();
+        loop {
+            if Instant::now() >= deadline {
+                return Err(unavailable(format!(
+                    "no allocation committed in range {} within {DEADLINE:?}",
+                    range.network
+                )));
+            }
+            let pool = self.pool(range)?;
+            if let Some((offset, by_pod)) = pool.held_by(owner) {
+                let ip = range.addr(offset);
+                if by_pod {
+                    // The pod's new sandbox: the entry becomes this container's, so the old
+                    // sandbox's DEL no longer releases the address the pod uses.
+                    let path = format!("/spec/allocations/{offset}");
+                    let old = pool.allocations[&offset].get("id").cloned().unwrap_or(Value::Null);
+                    let ops = [
+                        json!({"op": "test", "path": format!("{path}/id"), "value": old}),
+                        json!({"op": "replace", "path": path, "value": Self::entry(owner)}),
+                    ];
+                    if !self.patch_pool(&pool.name, &ops)? {
+                        continue;
+                    }
+                    if req.overlapping {
+                        self.reown(ip, old.as_str().unwrap_or_default(), owner)?;
+                    }
+                } else if req.overlapping {
+                    self.reserve(ip, owner)?;
+                }
+                return Ok(ip);
+            }
+            let candidates: Box<dyn Iterator<Item = u128>> = match requested {
+                Some(ip) => {
+                    let o = range.offset_of(ip).ok_or(IpamError::Outside { ip })?;
+                    if let Some(holder) = pool.allocations.get(&o) {
+                        let who = holder
+                            .get("podref")
+                            .and_then(Value::as_str)
+                            .filter(|p| !p.is_empty())
+                            .or_else(|| holder.get("id").and_then(Value::as_str))
+                            .unwrap_or("?");
+                        return Err(IpamError::InUse { ip, holder: who.to_string() });
+                    }
+                    Box::new(std::iter::once(o))
+                }
+                None => Box::new(Candidates::after(range, pool.cursor)),
+            };
+            let mut tried_any = false;
+            for offset in candidates {
+                if offset > MAX_OFFSET {
+                    continue;
+                }
+                if pool.allocations.contains_key(&offset) || skip.contains(&offset) {
+                    continue;
+                }
+                tried_any = true;
+                let path = format!("/spec/allocations/{offset}");
+                let mut ops = Vec::new();
+                if !pool.has_allocations {
+                    ops.push(json!({"op": "add", "path": "/spec/allocations", "value": {}}));
+                }
+                ops.push(json!({"op": "test", "path": path, "value": null}));
+                ops.push(json!({"op": "add", "path": path, "value": Self::entry(owner)}));
+                let cursor = json!(offset.to_string());
+                match pool.has_annotations {
+                    true => ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(CURSOR_ANNOTATION)), "value": cursor})),
+                    false => ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {CURSOR_ANNOTATION: cursor}})),
+                }
+                if !self.patch_pool(&pool.name, &ops)? {
+                    // Taken meanwhile (or the pool changed shape): the next candidate.
+                    skip.insert(offset);
+                    if skip.len() % 8 == 0 {
+                        break; // read the pool again now and then
+                    }
+                    continue;
+                }
+                let ip = range.addr(offset);
+                if !req.overlapping || self.reserve(ip, owner)? {
+                    return Ok(ip);
+                }
+                // Held through an overlapping range: give the offset back and go on.
+                let back = [
+                    json!({"op": "test", "path": format!("{path}/id"), "value": owner.container_id}),
+                    json!({"op": "remove", "path": path}),
+                ];
+                self.patch_pool(&pool.name, &back)?;
+                skip.insert(offset);
+            }
+            if !tried_any {
+                if requested.is_some() {
+                    continue;
+                }
+                return Err(IpamError::Exhausted { range: range.network.to_string() });
+            }
+        }
+    }
+
+    /// Remove every entry of (container, ifname) from `range`'s pool; the addresses released.
+    fn release_in(
+        &self,
+        range: &IpRange,
+        container_id: &str,
+        ifname: &str,
+        deadline: Instant,
+    ) -> Result<Vec<Allocation>, IpamError> {
+        loop {
+            if Instant::now() >= deadline {
+                return Err(unavailable(format!(
+                    "release in range {} not committed within {DEADLINE:?}",
+                    range.network
+                )));
+            }
+            let name = pool_name(self.network_name.as_deref(), range);
+            let what = format!("get ippool {}/{name}", self.namespace);
+            let pool = match self
+                .api
+                .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
+                .map_err(unavailable)?
+            {
+                Reply::Ok(obj) => Pool::from_object(&name, &obj),
+                _ => return Ok(Vec::new()),
+            };
+            let mine: Vec<(u128, Value)> = pool
+                .allocations
+                .iter()
+                .filter(|(_, v)| {
+                    v.get("id").and_then(Value::as_str) == Some(container_id)
+                        && v.get("ifname").and_then(Value::as_str) == Some(ifname)
+                })
+                .map(|(o, v)| (*o, v.clone()))
+                .collect();
+            if mine.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut ops = Vec::new();
+            for (o, _) in &mine {
+                ops.push(json!({"op": "test", "path": format!("/spec/allocations/{o}/id"), "value": container_id}));
+                ops.push(json!({"op": "remove", "path": format!("/spec/allocations/{o}")}));
+            }
+            if self.patch_pool(&pool.name, &ops)? {
+                return Ok(mine.into_iter().map(|(o, v)| self.allocation(range, o, &v)).collect());
+            }
+        }
+    }
+
+    fn allocation(&self, range: &IpRange, offset: u128, v: &Value) -> Allocation {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+        Allocation {
+            ip: range.addr(offset),
+            range: range.key(),
+            owner: Owner {
+                container_id: s("id"),
+                ifname: s("ifname"),
+                pod_ref: Some(s("podref")).filter(|p| !p.is_empty()),
+                node: String::new(),
+                network: self.network.clone(),
+            },
+        }
+    }
+
+    /// `step` again while the API is unavailable (a timeout under load, a restart), until the
+    /// deadline; every step is idempotent (it reads what it finds first).
+    fn retrying<T>(&self, deadline: Instant, mut step: impl FnMut() -> Result<T, IpamError>) -> Result<T, IpamError> {
+        let mut pause = Duration::from_millis(50 + u64::from(std::process::id() % 50));
+        loop {
+            match step() {
+                Err(IpamError::Unavailable(m)) if Instant::now() + pause < deadline => {
+                    tracing::info!("{m}: again in {pause:?}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Run `f` holding whereabouts' Lease when the network asks for it.
+    fn locked<T>(&self, owner: &str, f: impl FnOnce() -> Result<T, IpamError>) -> Result<T, IpamError> {
+        if !self.leader_election {
+            return f();
+        }
+        let lease =
+            super::kubernetes_lease::Lease::acquire(&self.api, &self.namespace, owner, Instant::now() + DEADLINE)?;
+        let out = f();
+        lease.release(&self.api);
+        out
+    }
+}
+
+impl Store for KubernetesStore {
+    fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError> {
+        let deadline = Instant::now() + DEADLINE;
+        let me = req.owner.pod_ref.clone().unwrap_or_else(|| req.owner.container_id.clone());
+        self.locked(&me, || {
+            let mut got = Vec::new();
+            for (i, range) in req.ranges.iter().enumerate() {
+                match self.retrying(deadline, || {
+                    self.allocate_in(range, req.requested.get(i).copied().flatten(), req, deadline)
+                }) {
+                    Ok(ip) => got.push(ip),
+                    Err(e) => {
+                        // Nothing held for a failed ADD: the earlier ranges' addresses go back.
+                        for r in &req.ranges[..i] {
+                            if let Ok(released) =
+                                self.release_in(r, &req.owner.container_id, &req.owner.ifname, deadline)
+                            {
+                                for a in released {
+                                    let _ = self.unreserve(&a);
+                                }
+                            }
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(got)
+        })
+    }
+
+    fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
+        let deadline = Instant::now() + DEADLINE;
+        self.locked(container_id, || {
+            let mut all = Vec::new();
+            for range in &self.ranges {
+                for a in self.retrying(deadline, || self.release_in(range, container_id, ifname, deadline))? {
+                    self.retrying(deadline, || self.unreserve(&a))?;
+                    all.push(a);
+                }
+            }
+            Ok(all)
+        })
+    }
+
+    fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter(|a| a.owner.container_id == container_id && a.owner.ifname == ifname)
+            .collect())
+    }
+
+    /// whereabouts' entries name no node: the node of the entry's pod (`spec.nodeName`).
+    fn node_of(&self, a: &Allocation) -> Result<Option<String>, IpamError> {
+        let Some((ns, name)) = a.owner.pod_ref.as_deref().and_then(|p| p.split_once('/')) else {
+            return Ok(None);
+        };
+        let what = format!("get pod {ns}/{name}");
+        match self
+            .api
+            .send(&what, Method::GET, &format!("/api/v1/namespaces/{ns}/pods/{name}"), JSON, None)
+            .map_err(unavailable)?
+        {
+            Reply::Ok(pod) => Ok(pod.pointer("/spec/nodeName").and_then(Value::as_str).map(str::to_string)),
+            _ => Ok(None),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<Allocation>, IpamError> {
+        let mut all = Vec::new();
+        for range in &self.ranges {
+            let name = pool_name(self.network_name.as_deref(), range);
+            let what = format!("get ippool {}/{name}", self.namespace);
+            if let Reply::Ok(obj) = self
+                .api
+                .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
+                .map_err(unavailable)?
+            {
+                let pool = Pool::from_object(&name, &obj);
+                all.extend(pool.allocations.iter().map(|(o, v)| self.allocation(range, *o, v)));
+            }
+        }
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::range::RangeSpec;
+
+    fn range(r: &str) -> IpRange {
+        IpRange::parse(&RangeSpec { range: r, ..Default::default() }).unwrap()
+    }
+
+    #[test]
+    fn object_names_are_whereabouts_names() {
+        assert_eq!(pool_name(None, &range("198.18.0.0/24")), "198.18.0.0-24");
+        assert_eq!(pool_name(Some("rail0"), &range("198.18.0.0/24")), "rail0-198.18.0.0-24");
+        assert_eq!(pool_name(None, &range("2001:db8::/64")), "2001-db8---64");
+        assert_eq!(reservation_name(None, "198.18.0.5".parse().unwrap()), "198.18.0.5");
+        assert_eq!(reservation_name(None, "2001:db8::".parse().unwrap()), "2001-db8--0");
+        assert_eq!(reservation_name(Some("rail0"), "2001:db8::5".parse().unwrap()), "rail0-2001-db8--5");
+    }
+
+    #[test]
+    fn a_pool_is_read_with_its_offsets_cursor_and_the_owner_found_by_container_or_by_pod() {
+        let obj = json!({"metadata": {"annotations": {"ipam.plexus.io/next": "7"}},
+            "spec": {"range": "198.18.0.0/24", "allocations": {
+                "5": {"id": "c1", "podref": "default/a", "ifname": "net1"},
+                "7": {"id": "c2", "podref": "default/b", "ifname": "net1"},
+                "bogus": {"id": "x"}}}});
+        let p = Pool::from_object("198.18.0.0-24", &obj);
+        assert_eq!(p.allocations.keys().copied().collect::<Vec<_>>(), [5, 7]);
+        assert_eq!(p.cursor, Some(7));
+        let owner = |cid: &str, pod: &str| Owner {
+            container_id: cid.into(),
+            ifname: "net1".into(),
+            pod_ref: Some(pod.into()),
+            node: String::new(),
+            network: "n".into(),
+        };
+        assert_eq!(p.held_by(&owner("c1", "default/a")), Some((5, false)));
+        assert_eq!(p.held_by(&owner("c9", "default/b")), Some((7, true)), "idempotent per pod and ifname");
+        assert_eq!(p.held_by(&owner("c9", "default/z")), None);
+    }
+
+    #[test]
+    fn a_reservation_is_matched_by_container_when_it_names_one_else_by_pod_and_interface() {
+        let ours = json!({"spec": {"containerid": "c1", "podref": "default/a", "ifname": "net1"}});
+        let theirs = json!({"spec": {"podref": "default/a", "ifname": "net1"}});
+        assert!(reserved_for(&ours, "c1", "default/a", "net1"));
+        assert!(!reserved_for(&ours, "c2", "default/a", "net1"), "another container of the pod");
+        assert!(reserved_for(&theirs, "c2", "default/a", "net1"), "whereabouts writes no container ID");
+        assert!(!reserved_for(&theirs, "c2", "default/a", "net2"));
+    }
+
+    #[test]
+    fn json_pointer_keys_are_escaped() {
+        assert_eq!(escape("ipam.plexus.io/next"), "ipam.plexus.io~1next");
+    }
+}
