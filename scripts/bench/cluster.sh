@@ -8,7 +8,9 @@
 #   - the CNI ADD time of each sandbox as containerd logs it ("begin cni setup" → "cni result"),
 #   - the time from creation to all pods Ready,
 #   - the API requests of the CNI plugins' service accounts per pod (the apiserver's audit log).
-# Writes OUT/cluster.json (scripts/bench/report.py renders it). Figures, never a pass/fail on time.
+# Then plexus-ipam's kubernetes store against whereabouts (below). Writes OUT/cluster.json and
+# OUT/ipam-k8s.json (scripts/bench/report.py renders them); PODBENCH=0 or IPAM=0 skip a part.
+# Figures, never a pass/fail on time.
 #
 #   bash scripts/bench/cluster.sh OUT
 set -euo pipefail
@@ -210,14 +212,51 @@ run() {
   log "$stack, $n networks: $PODS pods Ready in $wall s"
 }
 
-check plexus
-check multus
-for n in $NETS; do
-  for stack in multus plexus; do
-    use_stack "$stack"
-    run "$stack" "$n"
+if [ "${PODBENCH:-1}" = 1 ]; then
+  check plexus
+  check multus
+  for n in $NETS; do
+    for stack in multus plexus; do
+      use_stack "$stack"
+      run "$stack" "$n"
+    done
   done
-done
-use_stack plexus
-python3 scripts/bench/cluster_summary.py "$out" "$PODS" "$NETS" > "$out/cluster.json"
-cat "$out/cluster.json"
+  use_stack plexus
+  python3 scripts/bench/cluster_summary.py "$out" "$PODS" "$NETS" > "$out/cluster.json"
+  cat "$out/cluster.json"
+fi
+
+# plexus-ipam's kubernetes store against whereabouts on the same API server: 1,000 allocations by
+# 16 concurrent clients, then their release (each on a range of its own), as the IPAM plugins
+# are run by a runtime (a process per ADD/DEL, a pod named in CNI_ARGS). whereabouts' failed ADDs
+# (its Lease under contention) are DELeted and retried, as the kubelet would, and counted.
+if [ "${IPAM:-1}" = 1 ]; then
+  k apply -f conf-examples/deploy/rbac-ipam-kubernetes.yaml > /dev/null
+  printf '{"dataRoots": ["%s"], "deviceInfoDir": "%s", "kubernetes": {"kubeconfig": "%s", "namespace": "kube-system"}}\n' \
+    "$PLEXUS_DATA_DIR" "$state/devinfo" "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig" > "$PLEXUS_POLICY"
+  BIN=$(bash scripts/build-release.sh)
+  echo '{"cniVersion": "1.0.0", "name": "load", "ipam": {"type": "plexus-ipam", "range": "198.18.164.0/22", "store": "kubernetes"}}' > "$state/px-load.json"
+  echo "{\"cniVersion\": \"1.0.0\", \"name\": \"load\", \"ipam\": {\"type\": \"whereabouts\", \"range\": \"198.18.168.0/22\", \"configuration_path\": \"$state/whereabouts.conf\"}}" > "$state/wb-load.json"
+  for who in px wb; do
+    plugin=$BIN/plexus-ipam conf=$state/px-load.json
+    [ "$who" = wb ] && plugin=$PEERS_BIN/whereabouts conf=$state/wb-load.json
+    a0=$(wc -l < "$state/log/audit.log")
+    ip netns exec "$NODE_NETNS" env PLEXUS_POLICY="$PLEXUS_POLICY" python3 scripts/bench/cni_load.py --plugin "$plugin" \
+      --conf "$conf" --count "${IPAM_COUNT:-1000}" --clients 16 --pods --retries 20 --prefix "$who" > "$out/ipam-k8s-$who.json"
+    sed -n "$((a0 + 1)),\$p" "$state/log/audit.log" > "$out/ipam-k8s-$who-audit.log"
+    log "ipam $who: $(cat "$out/ipam-k8s-$who.json")"
+  done
+  python3 - "$out" "${IPAM_COUNT:-1000}" > "$out/ipam-k8s.json" << 'PY'
+import json, sys
+out, n = sys.argv[1], int(sys.argv[2])
+res = {}
+for who in ("px", "wb"):
+    r = json.load(open(f"{out}/ipam-k8s-{who}.json"))
+    user = {"px": "plexus", "wb": "whereabouts"}[who]
+    reqs = sum(1 for l in open(f"{out}/ipam-k8s-{who}-audit.log") if json.loads(l)["user"]["username"].endswith(":" + user))
+    r["api_requests_per_allocation"] = round(reqs / n, 1)  # ADD and DEL together, per address
+    res[who] = r
+print(json.dumps(res))
+PY
+  cat "$out/ipam-k8s.json"
+fi

@@ -19,6 +19,7 @@ p.add_argument("--netns", default="/var/run/netns/none")
 p.add_argument("--prefix", default="load")
 p.add_argument("--phase", default="both", choices=["add", "del", "both"])
 p.add_argument("--pods", action="store_true", help="name a pod per ADD in CNI_ARGS (K8S_POD_NAMESPACE/NAME), as kubelet does")
+p.add_argument("--retries", type=int, default=0, help="a failed ADD is DELeted and tried again (as kubelet does), at most this often")
 a = p.parse_args()
 confs = [open(f, "rb").read() for f in a.conf.split(",")]
 path = os.path.dirname(os.path.abspath(a.plugin)) + ":/usr/lib/cni"
@@ -31,7 +32,12 @@ def call(verb, i):
     if "PLEXUS_POLICY" in os.environ:  # the node policy the runtime's environment names
         env["PLEXUS_POLICY"] = os.environ["PLEXUS_POLICY"]
     t = time.perf_counter()
-    r = subprocess.run([a.plugin], input=confs[i % len(confs)], env=env, capture_output=True)
+    for attempt in range(a.retries + 1):
+        r = subprocess.run([a.plugin], input=confs[i % len(confs)], env=env, capture_output=True)
+        if r.returncode == 0 or verb != "ADD" or attempt == a.retries:
+            break
+        failed.append(i)
+        subprocess.run([a.plugin], input=confs[i % len(confs)], env={**env, "CNI_COMMAND": "DEL"}, capture_output=True)
     dt = time.perf_counter() - t
     if r.returncode != 0:
         sys.exit(f"{verb} {i} failed: {r.stdout.decode()} {r.stderr.decode()}")
@@ -48,10 +54,12 @@ def phase(verb):
             "median_ms": round(statistics.median(lat) * 1000, 2),
             "p99_ms": round(sorted(lat)[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000, 2)}, [x for _, x in out]
 
+failed = []
 res = {"count": a.count, "clients": a.clients}
 if a.phase in ("add", "both"):
     res["add"], addrs = phase("ADD")
     res["distinct"] = len(set(addrs))
+    res["failed_attempts"] = len(failed)
 if a.phase in ("del", "both"):
     res["del"], _ = phase("DEL")
 print(json.dumps(res))

@@ -139,6 +139,10 @@ pub struct KubernetesStoreConfig {
     pub namespace: String,
     /// Take whereabouts' `whereabouts` Lease around each change, as whereabouts does.
     pub leader_election: bool,
+    /// Where this node's writers take turns (the policy's first data root): the API server
+    /// applies patches to one pool one at a time anyway, and a node's concurrent writers would
+    /// only make it retry them.
+    pub node_lock_dir: PathBuf,
 }
 
 /// The parsed IPAM configuration of one network.
@@ -370,6 +374,7 @@ fn kubernetes_store(options: &Value, policy: &Policy) -> Result<StoreConfig, Ipa
         kubeconfig: k.kubeconfig.clone(),
         namespace: k.namespace.clone(),
         leader_election,
+        node_lock_dir: policy.data_roots.first().cloned().unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
     }))
 }
 
@@ -478,6 +483,7 @@ mod tests {
                 kubeconfig: "/etc/cni/net.d/plexus.d/plexus.kubeconfig".into(),
                 namespace: "kube-system".into(),
                 leader_election: false,
+                node_lock_dir: DEFAULT_DATA_DIR.into(),
             })
         );
         let c =

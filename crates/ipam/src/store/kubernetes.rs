@@ -53,6 +53,7 @@ pub struct KubernetesStore {
     network: String,
     ranges: Vec<IpRange>,
     leader_election: bool,
+    node_lock: std::path::PathBuf,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
@@ -163,6 +164,7 @@ impl KubernetesStore {
             network: network.to_string(),
             ranges: ranges.to_vec(),
             leader_election: cfg.leader_election,
+            node_lock: cfg.node_lock_dir.join(".plexus-ipam-kubernetes.lock"),
         })
     }
 
@@ -476,8 +478,29 @@ impl KubernetesStore {
         }
     }
 
-    /// Run `f` holding whereabouts' Lease when the network asks for it.
+    /// Run `f` with this node's turn (a file lock in the policy's data root: the node's writers
+    /// one at a time, other nodes' concurrently) and, when the network asks for it, whereabouts'
+    /// Lease.
     fn locked<T>(&self, owner: &str, f: impl FnOnce() -> Result<T, IpamError>) -> Result<T, IpamError> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        if let Some(dir) = self.node_lock.parent().filter(|d| !d.exists()) {
+            let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+        }
+        let open = |write: bool| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .create(write)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+                .open(&self.node_lock)
+        };
+        // A read-only root still takes a lock on a file opened for reading (DEL must work).
+        let turn = open(true)
+            .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
+            .and_then(|f| f.lock().map(|()| f))
+            .map_err(|e| IpamError::Store(format!("node lock {}: {e}", self.node_lock.display())))?;
+        let _turn = turn;
         if !self.leader_election {
             return f();
         }
