@@ -65,6 +65,21 @@ impl Drop for Mount {
     }
 }
 
+/// One slot of a GID table in a fake sysfs port directory (`.../ports/<p>`), as the kernel shows
+/// it: the GID, its netdev and type; `kind` None is an empty slot, whose type cannot be read
+/// (EINVAL in the kernel; a directory here, which a read refuses too).
+pub fn gid_slot(port: &std::path::Path, index: u32, gid: &str, kind: Option<&str>, ndev: &str) {
+    for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+        std::fs::create_dir_all(port.join(d)).unwrap();
+    }
+    std::fs::write(port.join("gids").join(index.to_string()), format!("{gid}\n")).unwrap();
+    std::fs::write(port.join("gid_attrs/ndevs").join(index.to_string()), format!("{ndev}\n")).unwrap();
+    match kind {
+        Some(k) => std::fs::write(port.join("gid_attrs/types").join(index.to_string()), format!("{k}\n")).unwrap(),
+        None => std::fs::create_dir_all(port.join("gid_attrs/types").join(index.to_string())).unwrap(),
+    }
+}
+
 /// Fail the test with a clear message when not root: these tests create namespaces and links.
 pub fn require_root() {
     if !nix::unistd::geteuid().is_root() {

@@ -487,16 +487,7 @@ fn a_pod_learns_its_roce_v2_gid_index_from_network_status_through_the_downward_a
     std::fs::create_dir_all(sys.path().join("class/net/ens3f0np0")).unwrap();
     std::os::unix::fs::symlink(&pf, sys.path().join("class/net/ens3f0np0/device")).unwrap();
     let port = sys.path().join("class/infiniband/mlx5_0/ports/1");
-    for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
-        std::fs::create_dir_all(port.join(d)).unwrap();
-    }
-    let slot = |i: u32, gid: &str, kind: Option<&str>| {
-        std::fs::write(port.join("gids").join(i.to_string()), format!("{gid}\n")).unwrap();
-        match kind {
-            Some(k) => std::fs::write(port.join("gid_attrs/types").join(i.to_string()), format!("{k}\n")).unwrap(),
-            None => std::fs::create_dir_all(port.join("gid_attrs/types").join(i.to_string())).unwrap(),
-        }
-    };
+    let slot = |i: u32, gid: &str, kind: Option<&str>| plexus_tests::gid_slot(&port, i, gid, kind, "net1");
     slot(0, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("IB/RoCE v1"));
     slot(1, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("RoCE v2"));
     slot(2, "0000:0000:0000:0000:0000:0000:0000:0000", None);

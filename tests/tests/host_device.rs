@@ -335,12 +335,7 @@ fn fake_sysfs_roce_gids_of_the_pods_address_on_an_rdma_device_left_on_the_node_r
         (2, "0000:0000:0000:0000:0000:ffff:c612:3301", "IB/RoCE v1"),
         (3, "0000:0000:0000:0000:0000:ffff:c612:3301", "RoCE v2"),
     ] {
-        for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
-            std::fs::create_dir_all(port.join(d)).unwrap();
-        }
-        std::fs::write(port.join("gids").join(index.to_string()), format!("{gid}\n")).unwrap();
-        std::fs::write(port.join("gid_attrs/types").join(index.to_string()), format!("{kind}\n")).unwrap();
-        std::fs::write(port.join("gid_attrs/ndevs").join(index.to_string()), "net1\n").unwrap();
+        plexus_tests::gid_slot(&port, index, gid, Some(kind), "net1");
     }
     let info = rig.dir.path().join("devinfo.json");
     let c = rig.conf("1.1.0", json!({"device": "ens1f0", "runtimeConfig": {"CNIDeviceInfoFile": info}}));

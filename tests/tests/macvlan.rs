@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use plexus_tests::{Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, write_policy};
+use plexus_tests::{
+    Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, gid_slot, plugin_bin, reference_plugin, write_policy,
+};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = "plexus-macvlan";
@@ -415,20 +417,6 @@ fn device_info_names_the_parents_pci_address_and_rdma_device_from_a_fake_sysfs()
     );
     assert!(run("DEL").success());
     assert!(!info.exists(), "DEL removes the device-info file");
-}
-
-/// One GID table slot of a fake sysfs port (`kind` None: an empty slot, whose attribute files
-/// cannot be read).
-fn gid_slot(port: &Path, index: u32, gid: &str, kind: Option<&str>, ndev: &str) {
-    for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
-        std::fs::create_dir_all(port.join(d)).unwrap();
-    }
-    std::fs::write(port.join("gids").join(index.to_string()), format!("{gid}\n")).unwrap();
-    std::fs::write(port.join("gid_attrs/ndevs").join(index.to_string()), format!("{ndev}\n")).unwrap();
-    match kind {
-        Some(k) => std::fs::write(port.join("gid_attrs/types").join(index.to_string()), format!("{k}\n")).unwrap(),
-        None => std::fs::create_dir_all(port.join("gid_attrs/types").join(index.to_string())).unwrap(),
-    }
 }
 
 #[test]

@@ -222,15 +222,6 @@ fn doctor_reports_a_missing_parent_a_wrong_mtu_and_a_missing_rdma_device() {
     assert!(out.contains("plexus-host-device is missing"), "{out}");
 }
 
-/// One filled slot of a fake sysfs GID table.
-fn gid_slot(port: &Path, index: u32, gid: &str, kind: &str) {
-    for d in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
-        std::fs::create_dir_all(port.join(d)).unwrap();
-    }
-    std::fs::write(port.join("gids").join(index.to_string()), format!("{gid}\n")).unwrap();
-    std::fs::write(port.join("gid_attrs/types").join(index.to_string()), format!("{kind}\n")).unwrap();
-}
-
 #[test]
 fn roce_prints_each_pod_addresss_gid_indexes_by_netns_and_by_pod_and_doctor_checks_the_ports_table() {
     let c = Ctl::new("1.0.0");
@@ -266,11 +257,11 @@ fn roce_prints_each_pod_addresss_gid_indexes_by_netns_and_by_pod_and_doctor_chec
     c.lab.node.ip(&["addr", "add", "198.18.83.5/24", "dev", "nic0"]);
     let sys = fake_sysfs(c.dir.path(), true);
     let port = sys.join("class/infiniband/mlx5_1/ports/1");
-    gid_slot(&port, 0, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", "IB/RoCE v1");
-    gid_slot(&port, 1, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", "RoCE v2");
-    gid_slot(&port, 2, "0000:0000:0000:0000:0000:ffff:c612:5305", "RoCE v2");
-    gid_slot(&port, 4, "0000:0000:0000:0000:0000:ffff:c612:5201", "IB/RoCE v1");
-    gid_slot(&port, 5, "0000:0000:0000:0000:0000:ffff:c612:5201", "RoCE v2");
+    plexus_tests::gid_slot(&port, 0, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("IB/RoCE v1"), "net1");
+    plexus_tests::gid_slot(&port, 1, "fe80:0000:0000:0000:0a5c:2bff:fe11:2233", Some("RoCE v2"), "net1");
+    plexus_tests::gid_slot(&port, 2, "0000:0000:0000:0000:0000:ffff:c612:5305", Some("RoCE v2"), "net1");
+    plexus_tests::gid_slot(&port, 4, "0000:0000:0000:0000:0000:ffff:c612:5201", Some("IB/RoCE v1"), "net1");
+    plexus_tests::gid_slot(&port, 5, "0000:0000:0000:0000:0000:ffff:c612:5201", Some("RoCE v2"), "net1");
     let roce = |args: &[&str]| {
         let mut cmd = Command::new(plugin_bin("plexusctl"));
         cmd.arg("roce").args(args).env("PLEXUS_SYSFS_ROOT", &sys);

@@ -51,6 +51,13 @@ enum Failure {
     Final(String),
 }
 
+/// How one call ended, short of an error.
+enum Outcome<T> {
+    Done(T),
+    NotFound,
+    Conflict(String),
+}
+
 /// The answer to [`ApiClient::send`].
 #[derive(Debug)]
 pub enum Reply {
@@ -108,8 +115,9 @@ impl ApiClient {
         Ok(Some(ApiClient { rt, client, timeout }))
     }
 
-    /// Run `call` with the deadline, retrying server errors a few times. `Ok(None)` is 404.
-    fn call<T, F, Fut>(&self, what: &str, call: F) -> Result<Option<T>, K8sError>
+    /// Run `call` with the deadline, retrying server errors and failed connections a few
+    /// times; 404 and conflicts come back as [`Reply`]-like outcomes, the rest as `Unavailable`.
+    fn attempt<T, F, Fut>(&self, what: &str, call: F) -> Result<Outcome<T>, K8sError>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
@@ -121,12 +129,11 @@ impl ApiClient {
                     Err(_) => {
                         return Err(K8sError::Unavailable(format!("{what}: no answer within {:?}", self.timeout)));
                     }
-                    Ok(Ok(v)) => return Ok(Some(v)),
+                    Ok(Ok(v)) => return Ok(Outcome::Done(v)),
                     Ok(Err(e)) => match classify(e) {
-                        Failure::NotFound => return Ok(None),
-                        Failure::Final(m) | Failure::Conflict(m) => {
-                            return Err(K8sError::Unavailable(format!("{what}: {m}")));
-                        }
+                        Failure::NotFound => return Ok(Outcome::NotFound),
+                        Failure::Conflict(m) => return Ok(Outcome::Conflict(m)),
+                        Failure::Final(m) => return Err(K8sError::Unavailable(format!("{what}: {m}"))),
                         Failure::Retry(m) => last = m,
                     },
                 }
@@ -134,6 +141,19 @@ impl ApiClient {
             }
             Err(K8sError::Unavailable(format!("{what}: {last} (after {ATTEMPTS} attempts)")))
         })
+    }
+
+    /// [`ApiClient::attempt`] where a conflict is an error. `Ok(None)` is 404.
+    fn call<T, F, Fut>(&self, what: &str, call: F) -> Result<Option<T>, K8sError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        match self.attempt(what, call)? {
+            Outcome::Done(v) => Ok(Some(v)),
+            Outcome::NotFound => Ok(None),
+            Outcome::Conflict(m) => Err(K8sError::Unavailable(format!("{what}: {m}"))),
+        }
     }
 
     /// One request to `path` (JSON in, JSON out) with the deadline and the retries of server
@@ -157,24 +177,10 @@ impl ApiClient {
                 .expect("request");
             self.client.request::<serde_json::Value>(req)
         };
-        self.rt.block_on(async {
-            let mut last = String::new();
-            for attempt in 0..ATTEMPTS {
-                match tokio::time::timeout(self.timeout, request()).await {
-                    Err(_) => {
-                        return Err(K8sError::Unavailable(format!("{what}: no answer within {:?}", self.timeout)));
-                    }
-                    Ok(Ok(v)) => return Ok(Reply::Ok(v)),
-                    Ok(Err(e)) => match classify(e) {
-                        Failure::NotFound => return Ok(Reply::NotFound),
-                        Failure::Conflict(m) => return Ok(Reply::Conflict(m)),
-                        Failure::Final(m) => return Err(K8sError::Unavailable(format!("{what}: {m}"))),
-                        Failure::Retry(m) => last = m,
-                    },
-                }
-                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-            }
-            Err(K8sError::Unavailable(format!("{what}: {last} (after {ATTEMPTS} attempts)")))
+        Ok(match self.attempt(what, request)? {
+            Outcome::Done(v) => Reply::Ok(v),
+            Outcome::NotFound => Reply::NotFound,
+            Outcome::Conflict(m) => Reply::Conflict(m),
         })
     }
 
