@@ -386,14 +386,20 @@ fn mac_follows_config_then_cni_args_then_runtime_config() {
     assert_eq!(lab.pod.link("net1").unwrap().address, "02:00:00:00:00:03");
 }
 
-#[test]
-fn device_info_names_the_parents_pci_address_and_rdma_device_from_a_fake_sysfs() {
-    let lab = lab();
+/// A fake sysfs in which the parent nic0 is PCI function 0000:3b:00.1 with RDMA device mlx5_1.
+fn fake_parent_sysfs() -> tempfile::TempDir {
     let sys = tempfile::tempdir().unwrap();
     let pf = sys.path().join("devices/pci0000:3a/0000:3b:00.1");
     std::fs::create_dir_all(pf.join("infiniband/mlx5_1")).unwrap();
     std::fs::create_dir_all(sys.path().join("class/net/nic0")).unwrap();
     std::os::unix::fs::symlink(&pf, sys.path().join("class/net/nic0/device")).unwrap();
+    sys
+}
+
+#[test]
+fn device_info_names_the_parents_pci_address_and_rdma_device_from_a_fake_sysfs() {
+    let lab = lab();
+    let sys = fake_parent_sysfs();
     let out_dir = tempfile::tempdir().unwrap();
     let info = out_dir.path().join("devinfo/rail0-ctr1-net1.json");
     // The device-info directory is the admin's: the test's policy moves it into a temp dir.
@@ -422,11 +428,7 @@ fn device_info_names_the_parents_pci_address_and_rdma_device_from_a_fake_sysfs()
 #[test]
 fn fake_sysfs_roce_gids_of_the_pods_addresses_are_waited_for_and_reported_in_device_info_by_value() {
     let lab = lab();
-    let sys = tempfile::tempdir().unwrap();
-    let pf = sys.path().join("devices/pci0000:3a/0000:3b:00.1");
-    std::fs::create_dir_all(pf.join("infiniband/mlx5_1")).unwrap();
-    std::fs::create_dir_all(sys.path().join("class/net/nic0")).unwrap();
-    std::os::unix::fs::symlink(&pf, sys.path().join("class/net/nic0/device")).unwrap();
+    let sys = fake_parent_sysfs();
     // The parent's GID table, as a ConnectX port shows it: its link-local GIDs at 0/1, another
     // pod's macvlan (also called net1) at 2/3, two holes, then our IPv4 address's v1 entry; its
     // v2 entry and the IPv6 one appear a little after the address is set, as the kernel fills
