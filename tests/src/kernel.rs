@@ -134,3 +134,32 @@ impl Netns {
         all
     }
 }
+
+impl Netns {
+    /// Everything a plugin may leave behind in the namespace, as the kernel reports it: each
+    /// link (name, kind, MTU, MAC, admin state, alias, parent) with its global addresses, the
+    /// routes of every table and the policy rules. Two equal snapshots: nothing was left.
+    pub fn state(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .links()
+            .into_iter()
+            .map(|l| {
+                let addrs: Vec<String> = self.addrs(&l.ifname).iter().map(Addr::cidr).collect();
+                format!(
+                    "link {} kind={:?} mtu={} mac={} up={} alias={:?} parent={:?} addrs={addrs:?}",
+                    l.ifname,
+                    l.kind(),
+                    l.mtu,
+                    l.address,
+                    l.is_up(),
+                    l.ifalias,
+                    l.link
+                )
+            })
+            .collect();
+        out.extend(self.routes().iter().map(|r| format!("{r:?}")));
+        out.extend(self.rules().iter().map(|r| format!("{r:?}")));
+        out.sort();
+        out
+    }
+}

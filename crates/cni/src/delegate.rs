@@ -78,6 +78,7 @@ pub struct Running {
 /// Start `plugin_type` for `command`; [`Running::wait`] collects its outcome.
 pub fn spawn(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Running, Error> {
     let binary = find_plugin(plugin_type, &env.path)?;
+    crate::fault::at(crate::fault::Point::Exec)?;
     let stdin = serde_json::to_vec(config).map_err(|e| Error::internal(format!("encoding delegate config: {e}")))?;
     tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
     let (child, feeder) = start(&binary, command, env, stdin)

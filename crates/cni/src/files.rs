@@ -20,6 +20,7 @@ use crate::error::Error;
 /// or symlink planted under that name is never written through. A leftover of the same name (a
 /// temp file of a killed process whose PID came round again) is removed first.
 pub fn create_private(path: &Path) -> std::io::Result<File> {
+    crate::fault::at(crate::fault::Point::FileWrite)?;
     match fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
         _ => {}
@@ -200,6 +201,7 @@ fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result
 /// Remove `path`; a file that is already gone is success — also on a read-only file system, where
 /// `unlink` answers EROFS before it looks the name up.
 pub fn remove_if_present(path: &Path) -> Result<(), Error> {
+    crate::fault::at(crate::fault::Point::FileWrite)?;
     match fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound && fs::symlink_metadata(path).is_ok() => {
             Err(Error::io(format!("remove {}: {e}", path.display())))

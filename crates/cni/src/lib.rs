@@ -11,6 +11,7 @@ pub mod config;
 pub mod delegate;
 pub mod env;
 pub mod error;
+pub mod fault;
 pub mod files;
 pub mod logging;
 pub mod paths;

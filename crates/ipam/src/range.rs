@@ -206,6 +206,14 @@ impl IpRange {
         from_u128(to_u128(self.network.network()) + offset, self.is_ipv4())
     }
 
+    /// Whether `offset` names an address of the network at all (a stored key may not: a pool is
+    /// outside input).
+    pub fn in_network(&self, offset: u128) -> bool {
+        let bits: u32 = if self.is_ipv4() { 32 } else { 128 };
+        let host_bits = bits - u32::from(self.network.prefix());
+        host_bits >= 128 || offset < (1u128 << host_bits)
+    }
+
     /// The offset of `ip`, if it is an address this range may hand out.
     pub fn offset_of(&self, ip: IpAddr) -> Option<u128> {
         if ip.is_ipv4() != self.is_ipv4() || !self.network.contains(ip) {

@@ -122,6 +122,8 @@ impl ApiClient {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
+        plexus_cni::fault::at(plexus_cni::fault::Point::Api)
+            .map_err(|e| K8sError::Unavailable(format!("{what}: {e}")))?;
         self.rt.block_on(async {
             let mut last = String::new();
             for attempt in 0..ATTEMPTS {

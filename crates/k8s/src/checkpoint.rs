@@ -15,8 +15,13 @@ pub const DEFAULT_CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_in
 /// so attachment N always gets the Nth device).
 pub fn device_ids(path: &Path, pod_uid: &str, resource: &str) -> Result<Vec<String>, K8sError> {
     let text = std::fs::read(path).map_err(|e| K8sError::Io(format!("kubelet checkpoint {}: {e}", path.display())))?;
-    let doc: Value = serde_json::from_slice(&text)
-        .map_err(|e| K8sError::Io(format!("kubelet checkpoint {}: {e}", path.display())))?;
+    parse_device_ids(&text, pod_uid, resource)
+        .map_err(|e| K8sError::Io(format!("kubelet checkpoint {}: {e}", path.display())))
+}
+
+/// [`device_ids`] of a checkpoint's bytes.
+pub fn parse_device_ids(bytes: &[u8], pod_uid: &str, resource: &str) -> Result<Vec<String>, serde_json::Error> {
+    let doc: Value = serde_json::from_slice(bytes)?;
     let entries = doc.pointer("/Data/PodDeviceEntries").and_then(Value::as_array).cloned().unwrap_or_default();
     let mut ids: Vec<String> = Vec::new();
     for e in entries {

@@ -116,16 +116,9 @@ impl DirSource {
         let mut nads = BTreeMap::new();
         for f in files {
             let text = std::fs::read_to_string(&f).map_err(|e| K8sError::Io(format!("{}: {e}", f.display())))?;
-            let docs: Vec<Value> = if f.extension().is_some_and(|e| e == "json") {
-                vec![serde_json::from_str(&text).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?]
-            } else {
-                serde_saphyr::from_multiple(&text).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?
-            };
-            for doc in docs.iter().flat_map(list_items) {
-                if doc.get("kind").and_then(Value::as_str) != Some("NetworkAttachmentDefinition") {
-                    continue;
-                }
-                let nad = Nad::from_object(doc).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?;
+            let json = f.extension().is_some_and(|e| e == "json");
+            let parsed = parse_manifest(&text, json).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?;
+            for nad in parsed {
                 nads.insert((nad.namespace.clone(), nad.name.clone()), nad);
             }
         }
@@ -139,6 +132,21 @@ impl DirSource {
     pub fn is_empty(&self) -> bool {
         self.nads.is_empty()
     }
+}
+
+/// The NADs in one manifest's text: a JSON document, or YAML documents (`---`); a `List` is
+/// opened; other kinds are skipped.
+pub fn parse_manifest(text: &str, json: bool) -> Result<Vec<Nad>, String> {
+    let docs: Vec<Value> = if json {
+        vec![serde_json::from_str(text).map_err(|e| e.to_string())?]
+    } else {
+        serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?
+    };
+    docs.iter()
+        .flat_map(list_items)
+        .filter(|doc| doc.get("kind").and_then(Value::as_str) == Some("NetworkAttachmentDefinition"))
+        .map(|doc| Nad::from_object(doc).map_err(|e| e.to_string()))
+        .collect()
 }
 
 fn list_items(doc: &Value) -> Vec<&Value> {

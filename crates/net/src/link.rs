@@ -311,6 +311,8 @@ impl LinkSocket {
     }
 
     async fn request(&self, op: &str, msg: RouteNetlinkMessage, flags: u16) -> Result<Vec<RouteNetlinkMessage>> {
+        plexus_cni::fault::at(plexus_cni::fault::Point::Netlink)
+            .map_err(|e| NetError::Protocol { op: op.into(), msg: e.to_string() })?;
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = flags;
         let mut handle = self.handle.clone();
@@ -469,29 +471,15 @@ impl LinkSocket {
     /// Addresses of link `index` (both families), with their flags' tentative bit.
     pub async fn addresses(&self, index: u32) -> Result<Vec<(IpNetwork, bool)>> {
         let replies = self.dump("list addresses", RouteNetlinkMessage::GetAddress(AddressMessage::default())).await?;
-        let mut out = Vec::new();
-        for r in replies {
-            let RouteNetlinkMessage::NewAddress(a) = r else { continue };
-            if a.header.index != index {
-                continue;
-            }
-            let mut ip = None;
-            let mut tentative = a.header.flags.contains(AddressHeaderFlags::Tentative);
-            for attr in &a.attributes {
-                match attr {
-                    AddressAttribute::Local(l) => ip = Some(*l),
-                    AddressAttribute::Address(l) if ip.is_none() => ip = Some(*l),
-                    AddressAttribute::Flags(f) => tentative |= f.contains(AddressFlags::Tentative),
-                    _ => {}
-                }
-            }
-            if let Some(ip) = ip
-                && let Ok(net) = IpNetwork::new(ip, a.header.prefix_len)
-            {
-                out.push((net, tentative));
-            }
-        }
-        Ok(out)
+        Ok(replies
+            .into_iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewAddress(a) => address_from_message(&a),
+                _ => None,
+            })
+            .filter(|(i, _, _)| *i == index)
+            .map(|(_, net, tentative)| (net, tentative))
+            .collect())
     }
 
     // ---- routes ----
@@ -597,21 +585,8 @@ impl LinkSocket {
             let mut req = RuleMessage::default();
             req.header.family = family;
             for r in self.dump("list rules", RouteNetlinkMessage::GetRule(req)).await? {
-                let RouteNetlinkMessage::NewRule(m) = r else { continue };
-                let mut table = u32::from(m.header.table);
-                let (mut src, mut priority) = (None, 0);
-                for attr in &m.attributes {
-                    match attr {
-                        RuleAttribute::Table(t) => table = *t,
-                        RuleAttribute::Source(ip) => src = Some(*ip),
-                        RuleAttribute::Priority(p) => priority = *p,
-                        _ => {}
-                    }
-                }
-                if let Some(ip) = src
-                    && let Ok(src) = IpNetwork::new(ip, m.header.src_len)
-                {
-                    out.push(RuleSpec { src, table, priority });
+                if let RouteNetlinkMessage::NewRule(m) = r {
+                    out.extend(rule_from_message(&m));
                 }
             }
         }
@@ -631,6 +606,36 @@ fn rule_message(r: &RuleSpec) -> RuleMessage {
     msg.attributes.push(RuleAttribute::Table(r.table));
     msg.attributes.push(RuleAttribute::Priority(r.priority));
     msg
+}
+
+/// An address message as (link index, address, tentative).
+fn address_from_message(a: &AddressMessage) -> Option<(u32, IpNetwork, bool)> {
+    let mut ip = None;
+    let mut tentative = a.header.flags.contains(AddressHeaderFlags::Tentative);
+    for attr in &a.attributes {
+        match attr {
+            AddressAttribute::Local(l) => ip = Some(*l),
+            AddressAttribute::Address(l) if ip.is_none() => ip = Some(*l),
+            AddressAttribute::Flags(f) => tentative |= f.contains(AddressFlags::Tentative),
+            _ => {}
+        }
+    }
+    Some((a.header.index, IpNetwork::new(ip?, a.header.prefix_len).ok()?, tentative))
+}
+
+/// A source rule (rules without a source are not plexus's).
+fn rule_from_message(m: &RuleMessage) -> Option<RuleSpec> {
+    let mut table = u32::from(m.header.table);
+    let (mut src, mut priority) = (None, 0);
+    for attr in &m.attributes {
+        match attr {
+            RuleAttribute::Table(t) => table = *t,
+            RuleAttribute::Source(ip) => src = Some(*ip),
+            RuleAttribute::Priority(p) => priority = *p,
+            _ => {}
+        }
+    }
+    Some(RuleSpec { src: IpNetwork::new(src?, m.header.src_len).ok()?, table, priority })
 }
 
 fn route_from_message(m: RouteMessage) -> Option<RouteSpec> {
@@ -674,6 +679,46 @@ fn route_from_message(m: RouteMessage) -> Option<RouteSpec> {
         }
     }
     Some(spec)
+}
+
+/// Entry points for the fuzz targets (`fuzz/`): the decoding of kernel replies, as the verbs above
+/// read them. Built only with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::*;
+
+    /// Decode a datagram of rtnetlink messages as netlink-proto does (header, then payload by
+    /// message type) and turn each into plexus's types; returns how many were understood.
+    pub fn decode_replies(mut buf: &[u8]) -> usize {
+        let mut understood = 0;
+        while buf.len() >= 16 {
+            let len = u32::from_ne_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+            if len < 16 || len > buf.len() {
+                break;
+            }
+            if let Ok(m) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[..len])
+                && let NetlinkPayload::InnerMessage(inner) = m.payload
+            {
+                understood += usize::from(convert(inner));
+            }
+            buf = &buf[((len + 3) & !3).min(buf.len())..];
+        }
+        understood
+    }
+
+    fn convert(msg: RouteNetlinkMessage) -> bool {
+        match msg {
+            RouteNetlinkMessage::NewLink(l) => {
+                let link = Link::from_message(l);
+                let _ = link.mac_string();
+                true
+            }
+            RouteNetlinkMessage::NewAddress(a) => address_from_message(&a).is_some(),
+            RouteNetlinkMessage::NewRoute(r) => route_from_message(r).is_some(),
+            RouteNetlinkMessage::NewRule(r) => rule_from_message(&r).is_some(),
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]

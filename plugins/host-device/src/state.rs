@@ -172,9 +172,9 @@ pub async fn return_to_host(
         node_sock.set_link(index, &clear).await?;
         return Ok(());
     };
+    // The marker alias goes last: a DEL that fails half-way finds the device again by it.
     let mac = s.mac.as_deref().and_then(plexus_net::link::parse_mac);
-    let restore =
-        LinkChange { mtu: Some(s.mtu), mac, alias: Some(s.alias.as_deref().unwrap_or("")), ..Default::default() };
+    let restore = LinkChange { mtu: Some(s.mtu), mac, ..Default::default() };
     node_sock.set_link(index, &restore).await.map_err(|e| Error::from(e).context(format!("restore {}", s.name)))?;
     let present: Vec<IpNetwork> = node_sock.addresses(index).await?.into_iter().map(|(a, _)| a).collect();
     for a in &s.addresses {
@@ -188,6 +188,8 @@ pub async fn return_to_host(
     if s.up {
         node_sock.set_link(index, &LinkChange { up: Some(true), ..Default::default() }).await?;
     }
+    let alias = LinkChange { alias: Some(s.alias.as_deref().unwrap_or("")), ..Default::default() };
+    node_sock.set_link(index, &alias).await?;
     tracing::debug!(device = %s.name, "host state restored");
     Ok(())
 }

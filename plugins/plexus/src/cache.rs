@@ -51,6 +51,7 @@ pub fn record_result(path: &Path, index: usize, result: &Value) -> Result<(), Er
     let mut line = b"\n".to_vec();
     serde_json::to_writer(&mut line, &ResultRecord { attachment: index, result }).expect("json");
     line.push(b'\n');
+    plexus_cni::fault::at(plexus_cni::fault::Point::FileWrite)?;
     std::fs::OpenOptions::new()
         .append(true)
         .open(path)
@@ -66,23 +67,32 @@ pub fn load(path: &Path) -> Result<Option<Cache>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let mut values = serde_json::Deserializer::from_slice(&bytes).into_iter::<Value>();
+    let (cache, torn) = parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if torn {
+        tracing::warn!("{}: a torn result record ignored", path.display());
+    }
+    Ok(Some(cache))
+}
+
+/// A cache file's bytes: the head, then result records up to the first torn one (and whether
+/// there was one).
+pub fn parse(bytes: &[u8]) -> Result<(Cache, bool), String> {
+    let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<Value>();
     let head = match values.next() {
         Some(Ok(v)) => v,
-        Some(Err(e)) => return Err(format!("{}: {e}", path.display())),
-        None => return Err(format!("{}: empty", path.display())),
+        Some(Err(e)) => return Err(e.to_string()),
+        None => return Err("empty".into()),
     };
-    let mut cache: Cache = serde_json::from_value(head).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut cache: Cache = serde_json::from_value(head).map_err(|e| e.to_string())?;
     for value in values {
         let Some(record) = value.ok().and_then(|v| serde_json::from_value::<ResultRecord<Value>>(v).ok()) else {
-            tracing::warn!("{}: a torn result record ignored", path.display());
-            break;
+            return Ok((cache, true));
         };
         if let Some(a) = cache.attachments.get_mut(record.attachment) {
             a.result = Some(record.result);
         }
     }
-    Ok(Some(cache))
+    Ok((cache, false))
 }
 
 /// Temp files a killed plexus left for container `container_id` (`.<containerID>.tmp<pid>`,

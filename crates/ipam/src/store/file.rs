@@ -259,7 +259,7 @@ impl FileStore {
             for key in [held.ip.to_string(), format!("{}={}", file_safe(&held.range), held.ip)] {
                 if self.holder(&key).as_deref() == Some(me.as_str()) {
                     let p = self.ip_path(&key);
-                    fs::remove_file(&p).or_else(not_found_ok).map_err(|e| self.err("release", &p, e))?;
+                    unlink(&p).or_else(not_found_ok).map_err(|e| self.err("release", &p, e))?;
                 }
             }
             released.push(Allocation { ip: held.ip, range: held.range.clone(), owner: record.owner.clone() });
@@ -267,9 +267,10 @@ impl FileStore {
         if let Some(pod) = self.pod_path(&record.owner)
             && fs::read_to_string(&pod).ok().as_deref() == Some(me.as_str())
         {
-            let _ = fs::remove_file(pod);
+            unlink(&pod).or_else(not_found_ok).map_err(|e| self.err("remove", &pod, e))?;
         }
-        fs::remove_file(&path).or_else(not_found_ok).map_err(|e| self.err("remove", &path, e))?;
+        // The record goes last: a DEL that fails before this finds it again and finishes.
+        unlink(&path).or_else(not_found_ok).map_err(|e| self.err("remove", &path, e))?;
         Ok(released)
     }
 
@@ -402,4 +403,10 @@ impl Store for FileStore {
         out.sort_by_key(|a| a.ip);
         Ok(out)
     }
+}
+
+/// Remove a store file (a write to the store: it passes a fault-injection point).
+fn unlink(path: &Path) -> std::io::Result<()> {
+    plexus_cni::fault::at(plexus_cni::fault::Point::FileWrite)?;
+    fs::remove_file(path)
 }

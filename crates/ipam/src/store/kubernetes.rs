@@ -86,7 +86,10 @@ pub fn reservation_name(network_name: Option<&str>, ip: IpAddr) -> String {
     }
 }
 
-/// One pool as read: its allocations by offset and its cursor.
+/// One pool as read: its allocations by offset and its cursor. Keys that are not an offset inside
+/// the range's network (not a number, or past its end) are not allocations plexus reads or
+/// writes: whereabouts reads them as int64, and an address outside the network is no address of
+/// this pool.
 struct Pool {
     name: String,
     allocations: BTreeMap<u128, Value>,
@@ -96,10 +99,16 @@ struct Pool {
 }
 
 impl Pool {
-    fn from_object(name: &str, obj: &Value) -> Pool {
+    fn from_object(name: &str, obj: &Value, range: &IpRange) -> Pool {
         let allocs = obj.pointer("/spec/allocations").and_then(Value::as_object);
         let allocations = allocs
-            .map(|m| m.iter().filter_map(|(k, v)| k.parse::<u128>().ok().map(|o| (o, v.clone()))).collect())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| {
+                        k.parse::<u128>().ok().filter(|o| range.in_network(*o)).map(|o| (o, v.clone()))
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         let annotations = obj.pointer("/metadata/annotations").and_then(Value::as_object);
         Pool {
@@ -186,7 +195,7 @@ impl KubernetesStore {
                 .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
                 .map_err(unavailable)?
             {
-                Reply::Ok(obj) => return Ok(Pool::from_object(&name, &obj)),
+                Reply::Ok(obj) => return Ok(Pool::from_object(&name, &obj, range)),
                 Reply::NotFound => {
                     let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
                         "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
@@ -421,7 +430,7 @@ impl KubernetesStore {
                 .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
                 .map_err(unavailable)?
             {
-                Reply::Ok(obj) => Pool::from_object(&name, &obj),
+                Reply::Ok(obj) => Pool::from_object(&name, &obj, range),
                 _ => return Ok(Vec::new()),
             };
             let mine: Vec<(u128, Value)> = pool
@@ -590,12 +599,33 @@ impl Store for KubernetesStore {
                 .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
                 .map_err(unavailable)?
             {
-                let pool = Pool::from_object(&name, &obj);
+                let pool = Pool::from_object(&name, &obj, range);
                 all.extend(pool.allocations.iter().map(|(o, v)| self.allocation(range, *o, v)));
             }
         }
         Ok(all)
     }
+}
+
+/// The fuzz targets' way in: a pool and a reservation as read back from the API server.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn read_back(obj: &Value, range: &IpRange) {
+    let pool = Pool::from_object("fuzz", obj, range);
+    for offset in pool.allocations.keys() {
+        assert!(range.network.contains(range.addr(*offset)), "offset {offset} outside {}", range.network);
+    }
+    let owner = Owner {
+        container_id: "c1".into(),
+        ifname: "net1".into(),
+        pod_ref: Some("ns/pod".into()),
+        node: String::new(),
+        network: "fuzz".into(),
+    };
+    if let Some((offset, _)) = pool.held_by(&owner) {
+        assert!(pool.allocations.contains_key(&offset));
+    }
+    let _ = Candidates::after(range, pool.cursor).take(4).count();
+    let _ = reserved_for(obj, "c1", "ns/pod", "net1");
 }
 
 #[cfg(test)]
@@ -623,8 +653,10 @@ mod tests {
             "spec": {"range": "198.18.0.0/24", "allocations": {
                 "5": {"id": "c1", "podref": "default/a", "ifname": "net1"},
                 "7": {"id": "c2", "podref": "default/b", "ifname": "net1"},
-                "bogus": {"id": "x"}}}});
-        let p = Pool::from_object("198.18.0.0-24", &obj);
+                "bogus": {"id": "x"},
+                "256": {"id": "past the network"},
+                "340282366920938463463374607431768211455": {"id": "u128::MAX"}}}});
+        let p = Pool::from_object("198.18.0.0-24", &obj, &range("198.18.0.0/24"));
         assert_eq!(p.allocations.keys().copied().collect::<Vec<_>>(), [5, 7]);
         assert_eq!(p.cursor, Some(7));
         let owner = |cid: &str, pod: &str| Owner {

@@ -159,6 +159,30 @@ impl Iterator for Candidates<'_> {
     }
 }
 
+/// Entry points for the fuzz targets (`fuzz/`): the store records as read back after a crash or
+/// from another writer. Built only with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::*;
+
+    /// Every way a store reads a record or an allocation back; a record that parses prints and
+    /// parses to the same.
+    pub fn read_records(bytes: &[u8], range: &IpRange) {
+        if let Ok(record) = serde_json::from_slice::<Record>(bytes) {
+            let again: Record = serde_json::from_slice(&serde_json::to_vec(&record).expect("prints")).expect("parses");
+            assert_eq!(again.owner, record.owner);
+            assert_eq!(again.ips.len(), record.ips.len());
+        }
+        if let Ok(a) = serde_json::from_slice::<Allocation>(bytes) {
+            let again: Allocation = serde_json::from_slice(&serde_json::to_vec(&a).expect("prints")).expect("parses");
+            assert_eq!(again, a);
+        }
+        if let Ok(obj) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            kubernetes::read_back(&obj, range);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,9 @@
+//! The node policy (admin-written, but read by every binary as root on every call).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use plexus_cni::Policy;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = Policy::parse(data);
+});

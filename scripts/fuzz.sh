@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Run the fuzz targets (fuzz/, cargo fuzz + libFuzzer) for SECONDS each (default 60), all of them
+# or the ones named, and print one line per target: executions, coverage, crashes. Exit 1 when a
+# target crashed (its input is in $PLEXUS_FUZZ_DIR/artifacts/<target>/; commit it under
+# fuzz/regressions/<target>/ with the fix: every run replays those first).
+#
+#   bash scripts/fuzz.sh               # every target, 60 s each
+#   bash scripts/fuzz.sh 600 result    # one target, 10 minutes
+#   PLEXUS_FUZZ_RUNS=10000000 bash scripts/fuzz.sh 0 rdma   # a number of executions instead
+#
+# Needs the nightly toolchain (sanitizers) and cargo-fuzz, installed here when missing. The build,
+# the growing corpora and the artifacts live outside the clone ($PLEXUS_FUZZ_DIR, default
+# /var/cache/plexus-fuzz): a repeat run builds nothing and starts from what earlier runs found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+secs=${1:-60}
+shift || true
+dir=${PLEXUS_FUZZ_DIR:-/var/cache/plexus-fuzz}
+mkdir -p "$dir"
+
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+# The fuzz workspace resolves the versions the main workspace pinned.
+cp Cargo.lock fuzz/Cargo.lock
+
+mapfile -t all < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^plexus-fuzz$')
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+
+echo "== cargo fuzz build (${#all[@]} targets; target dir $dir/target)"
+cargo +nightly fuzz build -O --target-dir "$dir/target" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
+bin=$dir/target/x86_64-unknown-linux-gnu/release
+
+rm -rf "$dir/seeds"
+python3 fuzz/seeds.py "$dir/seeds"
+
+failed=0
+printf '%-14s %12s %10s %8s %8s\n' target executions exec/s cov crashes
+for t in "${targets[@]}"; do
+  corpus=$dir/corpus/$t
+  mkdir -p "$corpus" "$dir/artifacts/$t" "$dir/seeds/$t"
+  # Crashes found earlier stay fixed.
+  if [ -d "fuzz/regressions/$t" ]; then
+    for f in "fuzz/regressions/$t"/*; do
+      [ -f "$f" ] || continue
+      "$bin/$t" "$f" >"$dir/$t.replay.log" 2>&1 || { echo "$t: regression $f crashes again"; tail -20 "$dir/$t.replay.log"; failed=1; }
+    done
+  fi
+  limit=(-max_total_time="$secs")
+  [ -z "${PLEXUS_FUZZ_RUNS:-}" ] || limit=(-runs="$PLEXUS_FUZZ_RUNS")
+  log=$dir/$t.log
+  rc=0
+  "$bin/$t" "$corpus" "$dir/seeds/$t" "${limit[@]}" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$dir/artifacts/$t/" >"$log" 2>&1 || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  crashes=0
+  if [ "$rc" != 0 ]; then
+    crashes=1
+    failed=1
+  fi
+  printf '%-14s %12s %10s %8s %8s\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" "$crashes"
+  if [ "$rc" != 0 ]; then
+    grep -m1 -A15 -E '^(thread|==[0-9]+==ERROR)' "$log" || tail -20 "$log"
+  fi
+done
+exit $failed
