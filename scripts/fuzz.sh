@@ -8,7 +8,7 @@
 #   bash scripts/fuzz.sh 600 result    # one target, 10 minutes
 #   PLEXUS_FUZZ_RUNS=10000000 bash scripts/fuzz.sh 0 rdma   # a number of executions instead
 #
-# Needs the nightly toolchain (sanitizers) and cargo-fuzz, installed here when missing. The build,
+# Built optimised with debug assertions (overflow checks on). Needs the nightly toolchain (sanitizers) and cargo-fuzz, installed here when missing. The build,
 # the growing corpora and the artifacts live outside the clone ($PLEXUS_FUZZ_DIR, default
 # /var/cache/plexus-fuzz): a repeat run builds nothing and starts from what earlier runs found.
 set -euo pipefail
@@ -29,7 +29,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
 echo "== cargo fuzz build (${#all[@]} targets; target dir $dir/target)"
-cargo +nightly fuzz build -O --target-dir "$dir/target" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
+cargo +nightly fuzz build -O --debug-assertions --target-dir "$dir/target" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
 bin=$dir/target/x86_64-unknown-linux-gnu/release
 
 rm -rf "$dir/seeds"

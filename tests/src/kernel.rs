@@ -138,7 +138,7 @@ impl Netns {
 impl Netns {
     /// Everything a plugin may leave behind in the namespace, as the kernel reports it: each
     /// link (name, kind, MTU, MAC, admin state, alias, parent) with its global addresses, the
-    /// routes of every table and the policy rules. Two equal snapshots: nothing was left.
+    /// routes of every table, the policy rules and the per-interface IPv4/IPv6 sysctls. Two equal snapshots: nothing was left.
     pub fn state(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .links()
@@ -159,7 +159,26 @@ impl Netns {
             .collect();
         out.extend(self.routes().iter().map(|r| format!("{r:?}")));
         out.extend(self.rules().iter().map(|r| format!("{r:?}")));
+        out.extend(self.conf_sysctls());
         out.sort();
         out
+    }
+
+    /// `net.ipv4.conf.*` and `net.ipv6.conf.*` (every interface, `all`, `default`) and
+    /// `net.ipv4.ip_forward`, as `sysctl` reads them in the namespace.
+    pub fn conf_sysctls(&self) -> Vec<String> {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                self.name(),
+                "sysctl",
+                "-a",
+                "-r",
+                r"^net\.ipv(4|6)\.conf\.|^net\.ipv4\.ip_forward$",
+            ])
+            .output()
+            .expect("run sysctl");
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| format!("sysctl {l}")).collect()
     }
 }

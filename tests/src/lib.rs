@@ -11,6 +11,7 @@ pub mod etcd;
 pub mod fake_api;
 pub mod kernel;
 pub mod netns;
+pub mod reliability;
 pub mod runner;
 
 pub use kernel::{Addr, Link, Route, Rule};
@@ -56,6 +57,21 @@ impl Mount {
         mount(Some("tmpfs"), dir, Some("tmpfs"), MsFlags::empty(), Some(opts.as_str()))
             .unwrap_or_else(|e| panic!("tmpfs on {}: {e}", dir.display()));
         Mount(dir.to_path_buf())
+    }
+
+    /// Remount this tmpfs with new options (`size=..,nr_inodes=..`; `read_only` makes it
+    /// read-only, false writable again).
+    pub fn remount(&self, opts: &str, read_only: bool) {
+        use nix::mount::{MsFlags, mount};
+        let flags = if read_only { MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY } else { MsFlags::MS_REMOUNT };
+        mount(None::<&str>, &self.0, None::<&str>, flags, Some(opts))
+            .unwrap_or_else(|e| panic!("remount {} {opts}: {e}", self.0.display()));
+    }
+
+    /// Pages (4 KiB) and inodes in use.
+    pub fn used(&self) -> (u64, u64) {
+        let s = nix::sys::statvfs::statvfs(&self.0).expect("statvfs");
+        ((s.blocks() - s.blocks_free()) as u64, (s.files() - s.files_free()) as u64)
     }
 }
 

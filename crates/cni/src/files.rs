@@ -172,7 +172,7 @@ pub fn replace_private_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result<
     let written = create_private(&tmp).and_then(|mut f| f.write_all(bytes)).and_then(|_| fs::rename(&tmp, path));
     written.map_err(|e| {
         let _ = fs::remove_file(&tmp);
-        Error::io(format!("write {}: {e}", path.display()))
+        Error::io(format!("write {}: {e}", shown(path).display()))
     })
 }
 
@@ -182,7 +182,7 @@ fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| Error::io(format!("{} names no file", path.display())))?;
     let tmp = tmp_dir.join(temp_name(&name.to_string_lossy()));
-    let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}: {e}", tmp.display()));
+    let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}: {e}", shown(&tmp).display()));
     let mut f = create_private(&tmp).map_err(|e| io("create", e))?;
     f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| {
         let _ = fs::remove_file(&tmp);
@@ -190,12 +190,25 @@ fn write_private_atomic_via(tmp_dir: &Path, path: &Path, bytes: &[u8]) -> Result
     })?;
     fs::rename(&tmp, path).map_err(|e| {
         let _ = fs::remove_file(&tmp);
-        Error::io(format!("rename {} to {}: {e}", tmp.display(), path.display()))
+        Error::io(format!("rename {} to {}: {e}", shown(&tmp).display(), shown(path).display()))
     })?;
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// `path` as a message shows it: a path through a [`SafeDir`]'s descriptor (`/proc/self/fd/N/..`)
+/// becomes the directory's own path, so an error names the place an operator can look at.
+pub fn shown(path: &Path) -> PathBuf {
+    let mut parts = path.components();
+    let fd_dir: PathBuf = parts.by_ref().take(5).collect();
+    if fd_dir.parent() == Some(Path::new("/proc/self/fd"))
+        && let Ok(dir) = fs::read_link(&fd_dir)
+    {
+        return dir.join(parts.as_path());
+    }
+    path.to_path_buf()
 }
 
 /// Remove `path`; a file that is already gone is success — also on a read-only file system, where
@@ -204,7 +217,7 @@ pub fn remove_if_present(path: &Path) -> Result<(), Error> {
     crate::fault::at(crate::fault::Point::FileWrite)?;
     match fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound && fs::symlink_metadata(path).is_ok() => {
-            Err(Error::io(format!("remove {}: {e}", path.display())))
+            Err(Error::io(format!("remove {}: {e}", shown(path).display())))
         }
         _ => Ok(()),
     }
@@ -214,6 +227,15 @@ pub fn remove_if_present(path: &Path) -> Result<(), Error> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_path_through_a_safe_dir_is_shown_as_the_directory_it_opened() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = SafeDir::open_beneath(root.path(), &root.path().join("data"), true).unwrap();
+        assert_eq!(shown(&dir.join("c1=net1")), root.path().join("data/c1=net1"));
+        assert_eq!(shown(Path::new("/etc/cni/net.d/a")), Path::new("/etc/cni/net.d/a"));
+        assert_eq!(shown(Path::new("/proc/self/fd/999999/a")), Path::new("/proc/self/fd/999999/a"));
+    }
 
     #[test]
     fn private_files_are_0600_in_0700_dirs_and_replace_atomically() {
