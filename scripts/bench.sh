@@ -32,7 +32,8 @@ REF=/usr/lib/cni
 
 # SECTIONS picks sections (default: all); BENCH_WORK keeps results in (and reuses) a directory, so
 # a later run can add sections to the same report.
-SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta cluster}
+# "fuzz" (every fuzz target to 10 million executions: hours) runs only when named.
+SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta cluster soak}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 work=${BENCH_WORK:-$(mktemp -d)}
 mkdir -p "$work"
@@ -280,6 +281,16 @@ fi
 if want cluster; then
 echo "== a real node: plexus vs Multus + macvlan + whereabouts (scripts/bench/cluster.sh)"
 bash scripts/bench/cluster.sh "$work"
+fi
+
+if want soak; then
+echo "== soak: 10,000 ADD/DEL cycles through plexus with two delegates, 16 clients (scripts/soak.sh)"
+bash scripts/soak.sh > "$work/soak.json"
+fi
+
+if want fuzz; then
+echo "== fuzz: every target to ${FUZZ_RUNS:=10000000} executions (scripts/fuzz.sh)"
+PLEXUS_FUZZ_RUNS=$FUZZ_RUNS bash scripts/fuzz.sh 0 > "$work/fuzz.txt"
 fi
 
 echo "== writing BENCHMARKS.md"

@@ -8,9 +8,10 @@
 #   bash scripts/fuzz.sh 600 result    # one target, 10 minutes
 #   PLEXUS_FUZZ_RUNS=10000000 bash scripts/fuzz.sh 0 rdma   # a number of executions instead
 #
-# Built optimised with debug assertions (overflow checks on). Needs the nightly toolchain (sanitizers) and cargo-fuzz, installed here when missing. The build,
-# the growing corpora and the artifacts live outside the clone ($PLEXUS_FUZZ_DIR, default
-# /var/cache/plexus-fuzz): a repeat run builds nothing and starts from what earlier runs found.
+# Built optimised with debug assertions (overflow checks on), with the nightly toolchain
+# (sanitizers) and cargo-fuzz, installed here when missing. The build, the growing corpora and the
+# artifacts live outside the clone ($PLEXUS_FUZZ_DIR, default /var/cache/plexus-fuzz): a repeat run
+# builds nothing and starts from what earlier runs found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

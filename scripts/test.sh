@@ -44,3 +44,5 @@ echo "== build every binary (tests exec them)"
 cargo build --workspace --bins --locked
 echo "== tests"
 cargo nextest run --workspace --locked --no-fail-fast
+echo "== fuzz targets, 5 s each (scripts/fuzz.sh; built into /var/cache/plexus-fuzz, outside the clone)"
+bash scripts/fuzz.sh 5

@@ -174,3 +174,33 @@ if os.path.exists(os.path.join(work, "ipam-k8s.json")):
     print("no Lease waits (its p99 is 9× lower), but the throughput target is not reached on one range;")
     print("without the node's turn-taking, 16 concurrent patches of one pool overloaded this 2-core API")
     print("server (patches past 30 s).")
+
+if os.path.exists(os.path.join(work, "soak.json")) or os.path.exists(os.path.join(work, "fuzz.txt")):
+    print("\n## Reliability (issue #19)")
+if os.path.exists(os.path.join(work, "soak.json")):
+    s = load("soak")
+    f, l = s["first_1000"], s["last_1000"]
+    first, last = s["samples"][0], s["samples"][-1]
+    print(f"\nSoak (`scripts/soak.sh`): {s['cycles']:,} ADD/DEL cycles through `plexus` with two delegates (two")
+    print(f"plexus-macvlan rails with plexus-ipam, NADs from files), {s['clients']} concurrent clients each with its own")
+    print(f"pod namespace, a new container ID per cycle; {s['seconds']:.0f} s, {s['cycles_per_s']:.1f} cycles/s.\n")
+    print("| | first 1,000 cycles | last 1,000 cycles |")
+    print("|---|---:|---:|")
+    print(f"| ADD p50 / p99 | {f['add_p50_ms']:.1f} / {f['add_p99_ms']:.1f} ms | {l['add_p50_ms']:.1f} / {l['add_p99_ms']:.1f} ms |")
+    print(f"| DEL p50 / p99 | {f['del_p50_ms']:.1f} / {f['del_p99_ms']:.1f} ms | {l['del_p50_ms']:.1f} / {l['del_p99_ms']:.1f} ms |")
+    left = s["left"]
+    print(f"\nFailures: {s['failures']}. Left at the end: {left['node_links']} node links, "
+          f"{sum(len(v) for v in left['pod_links'].values())} pod links, {left['state_files']} IPAM/cache files, "
+          f"{left['processes']} processes.")
+    print(f"Node-wide open files {first['open_files']} before, {last['open_files']} after; "
+          f"MemAvailable {first['mem_available_kib'] // 1024} → {last['mem_available_kib'] // 1024} MiB, "
+          f"slab {first['slab_kib'] // 1024} → {last['slab_kib'] // 1024} MiB, cached dentries {first['dentries']:,} → "
+          f"{last['dentries']:,}")
+    print("(every call is a process of its own: nothing of plexus lives between cycles; the slab grows by the")
+    print("kernel's cache of names that came and went, one container ID per cycle, which it reclaims under pressure).")
+if os.path.exists(os.path.join(work, "fuzz.txt")):
+    print("\nFuzzing (`scripts/fuzz.sh`, cargo-fuzz/libFuzzer, optimised with debug assertions): each target")
+    print("from the seeds of the test fixtures and the corpus earlier runs grew.\n")
+    print("```")
+    print(open(os.path.join(work, "fuzz.txt")).read().rstrip())
+    print("```")

@@ -4,7 +4,9 @@ container ID in the client's own pod namespace (as kubelet does for a new pod), 
 plugin process. Run inside the node namespace (scripts/soak.sh sets everything up).
 
 Samples, every SAMPLE cycles: the node's open file handles (/proc/sys/fs/file-nr), MemAvailable
-and Slab (/proc/meminfo), links in the node namespace, files below the state directories.
+and Slab (/proc/meminfo), cached dentries, links in the node namespace, files below the state
+directories. (A plugin's own peak RSS is measured by scripts/bench.sh: the rusage of a child
+forked from this Python process carries Python's RSS from before the exec.)
 Prints one JSON object: ADD and DEL p50/p99 of the first and of the last 1,000 cycles, the
 samples, failures, and what was left at the end (links, files, processes).
 
@@ -40,7 +42,7 @@ def call(verb, cid, netns):
         env["PLEXUS_POLICY"] = os.environ["PLEXUS_POLICY"]
     t = time.perf_counter()
     r = subprocess.run([a.plugin], input=conf, env=env, capture_output=True)
-    return time.perf_counter() - t, r
+    return time.perf_counter() - t, r.returncode, r.stdout
 
 
 def files_below(dirs):
@@ -56,11 +58,20 @@ def links():
     return len(out.splitlines())
 
 
+def dentries():
+    """Dentries the kernel caches (unique file names come and go every cycle: negative dentries)."""
+    for l in open("/proc/slabinfo"):
+        if l.startswith("dentry "):
+            return int(l.split()[1])
+    return None
+
+
 def sample(cycle):
     meminfo = dict(l.split(":", 1) for l in open("/proc/meminfo"))
     kib = lambda k: int(meminfo[k].split()[0])
     samples.append({"cycle": cycle, "open_files": int(open("/proc/sys/fs/file-nr").read().split()[0]),
                     "mem_available_kib": kib("MemAvailable"), "slab_kib": kib("Slab"),
+                    "dentries": dentries(),
                     "node_links": links(), "state_files": files_below(state_dirs)})
 
 
@@ -72,12 +83,12 @@ def client(netns):
             i = next_cycle[0]
             next_cycle[0] += 1
         cid = f"{prefix}{i}"
-        add_s, r = call("ADD", cid, netns)
-        if r.returncode != 0:
-            failures.append({"cycle": i, "verb": "ADD", "out": r.stdout.decode()[:300]})
-        del_s, r = call("DEL", cid, netns)
-        if r.returncode != 0:
-            failures.append({"cycle": i, "verb": "DEL", "out": r.stdout.decode()[:300]})
+        add_s, rc, out = call("ADD", cid, netns)
+        if rc != 0:
+            failures.append({"cycle": i, "verb": "ADD", "out": out.decode()[:300]})
+        del_s, rc, out = call("DEL", cid, netns)
+        if rc != 0:
+            failures.append({"cycle": i, "verb": "DEL", "out": out.decode()[:300]})
         with lock:
             done.append((len(done), add_s, del_s))
             if len(done) % a.sample == 0:

@@ -372,6 +372,91 @@ fn etcd_down_fails_add_and_del_with_code_11_within_the_deadline_and_recovers() {
 }
 
 #[test]
+fn etcd_killed_and_restarted_in_a_1000_pod_churn_fails_adds_with_code_11_in_time_and_leaks_nothing() {
+    // 16 clients churn 1,000 pods: each ADD keeps its pod alive until the client's 8th next one,
+    // then DELs it, as a kubelet would (a failed ADD is DELeted and tried again; a failed DEL is
+    // tried again). After 300 ADDs etcd is killed (SIGKILL), and started again 3 s later.
+    const PODS: usize = 1000;
+    const CLIENTS: usize = 16;
+    const LIVE: usize = 8;
+    let lab = Lab::new();
+    let etcd = std::sync::Mutex::new(Etcd::start_in(&lab.node));
+    let dir = tempfile::tempdir().unwrap();
+    let policy = etcd_policy(dir.path(), &etcd.lock().unwrap(), 500);
+    let c = conf("1.1.0", etcd_ipam("node-a"));
+    // The store's deadline is 5 × the 500 ms timeout; a loaded 2-core machine gets 3 s more.
+    let bound = Duration::from_millis(5 * 500 + 3000);
+    let live = std::sync::Mutex::new(BTreeSet::<String>::new());
+    let adds_done = std::sync::atomic::AtomicUsize::new(0);
+    let failed_adds = std::sync::atomic::AtomicUsize::new(0);
+    let call = |verb: &str, cid: &str| {
+        let t = Instant::now();
+        let out = run_under(&lab, verb, cid, &c, "", &policy);
+        let took = t.elapsed();
+        if !out.success() {
+            let (code, msg, _) = out.error();
+            assert_eq!(code, 11, "{verb} {cid}: only an unavailable store may fail it: {msg}");
+        }
+        assert!(took < bound, "{verb} {cid} took {took:?} (deadline 2.5 s)");
+        out
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while adds_done.load(std::sync::atomic::Ordering::SeqCst) < 300 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            etcd.lock().unwrap().stop();
+            std::thread::sleep(Duration::from_secs(3));
+            etcd.lock().unwrap().restart();
+        });
+        for client in 0..CLIENTS {
+            let (call, live, adds_done, failed_adds) = (&call, &live, &adds_done, &failed_adds);
+            s.spawn(move || {
+                let mut mine = std::collections::VecDeque::new();
+                let del = |cid: &str, addr: &str| {
+                    // Out of the live set before the DEL frees it for another client's ADD.
+                    live.lock().unwrap().remove(addr);
+                    while !call("DEL", cid).success() {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                };
+                for pod in (client..PODS).step_by(CLIENTS) {
+                    let cid = format!("churn{pod}");
+                    let addr = loop {
+                        let out = call("ADD", &cid);
+                        if out.success() {
+                            break address(&out);
+                        }
+                        failed_adds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        while !call("DEL", &cid).success() {
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                    };
+                    assert!(live.lock().unwrap().insert(addr.clone()), "{addr} handed out twice ({cid})");
+                    adds_done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    mine.push_back((cid, addr));
+                    if mine.len() > LIVE {
+                        let (cid, addr) = mine.pop_front().unwrap();
+                        del(&cid, &addr);
+                    }
+                }
+                for (cid, addr) in mine {
+                    del(&cid, &addr);
+                }
+            });
+        }
+    });
+    let failed = failed_adds.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("1000-pod churn with etcd killed and restarted: {failed} ADDs failed with code 11 and were retried");
+    assert!(failed > 0, "the outage hit no ADD: the test did not test it");
+    assert!(live.lock().unwrap().is_empty());
+    let etcd = etcd.lock().unwrap();
+    assert_eq!(etcd.keys("/plexus-test/default/ips/"), Vec::<String>::new(), "leaked reservations");
+    assert_eq!(etcd.keys("/plexus-test/default/attachments/"), Vec::<String>::new(), "leaked records");
+}
+
+#[test]
 fn on_a_read_only_data_dir_add_fails_naming_it_and_del_of_nothing_succeeds() {
     let lab = Lab::new();
     let dir = tempfile::tempdir().unwrap();
