@@ -628,6 +628,19 @@ spec:
 
 /// One run of an IPAM plugin in the node's namespace, as a runtime would run it for pod `pod`.
 fn ipam_run(c: &Cluster, bin: &Path, verb: &str, cid: &str, pod: &str, conf: &Value) -> (bool, Value) {
+    ipam_run_faulted(c, bin, verb, cid, pod, conf, "")
+}
+
+/// [`ipam_run`] with `PLEXUS_FAULT` set (`plexus_cni::fault`; empty: none).
+fn ipam_run_faulted(
+    c: &Cluster,
+    bin: &Path,
+    verb: &str,
+    cid: &str,
+    pod: &str,
+    conf: &Value,
+    fault: &str,
+) -> (bool, Value) {
     use std::io::Write;
     let mut child = Command::new("ip")
         .args(["netns", "exec", c.var("NODE_NETNS")])
@@ -639,6 +652,7 @@ fn ipam_run(c: &Cluster, bin: &Path, verb: &str, cid: &str, pod: &str, conf: &Va
         .env("CNI_PATH", bin.parent().unwrap())
         .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"))
         .env("PLEXUS_POLICY", c.var("PLEXUS_POLICY"))
+        .env("PLEXUS_FAULT", fault)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -803,4 +817,112 @@ fn plexus_ipam_and_whereabouts_share_one_pool_on_the_api_server_without_duplicat
     }
     assert_eq!(pool()["spec"]["allocations"].as_object().map(|a| a.len()).unwrap_or(0), 0);
     assert_eq!(reservations(), 0);
+}
+
+#[test]
+fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_churn() {
+    use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    const PODS: usize = 1000;
+    const CLIENTS: usize = 16;
+    const LIVE: usize = 8;
+    let c = Cluster::up("");
+    c.apply(&std::fs::read_to_string(repo().join("conf-examples/deploy/rbac-ipam-kubernetes.yaml")).unwrap());
+    let kubeconfig = Path::new(c.var("CNI_CONF_DIR")).join("plexus.d/plexus.kubeconfig");
+    let policy = json!({"dataRoots": [c.data()], "deviceInfoDir": c.state().join("devinfo"),
+        "kubernetes": {"kubeconfig": kubeconfig, "namespace": "kube-system"}});
+    std::fs::write(c.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
+    let conf = json!({"cniVersion": "1.0.0", "name": "churn",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.164.0/22", "store": "kubernetes"}});
+    let px = plexus_tests::plugin_bin("plexus-ipam");
+    // The store's deadline is 30 s; each API call has 10 s more at most.
+    let bound = Duration::from_secs(45);
+    let live = Mutex::new(BTreeSet::<String>::new());
+    let (adds, unavailable, killed) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+    // One run as the kubelet's runtime makes it: an injected kill (`fault`) dies by SIGKILL with
+    // no output; anything else that fails must be code 11, inside the deadline.
+    let call = |verb: &str, cid: &str, pod: &str, fault: &str| {
+        let t = Instant::now();
+        let (ok, r) = ipam_run_faulted(&c, &px, verb, cid, pod, &conf, fault);
+        assert!(t.elapsed() < bound, "{verb} {cid} took {:?}", t.elapsed());
+        if !ok {
+            if !fault.is_empty() && r.get("code").is_none() {
+                killed.fetch_add(1, SeqCst);
+            } else {
+                assert_eq!(r["code"], 11, "{verb} {cid}: only an unavailable API may fail it: {r}");
+                unavailable.fetch_add(1, SeqCst);
+            }
+        }
+        (ok, r)
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while adds.load(SeqCst) < 400 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            c.daemon("stop", "kube-apiserver");
+            std::thread::sleep(Duration::from_secs(5));
+            c.daemon("start", "kube-apiserver");
+        });
+        for client in 0..CLIENTS {
+            let (call, live, adds) = (&call, &live, &adds);
+            s.spawn(move || {
+                let del = |i: usize, cid: &str, ip: &str| {
+                    live.lock().unwrap().remove(ip);
+                    // Every 11th pod's first DEL is killed at one of its API calls.
+                    let mut fault =
+                        if i % 11 == 0 { format!("plexus-ipam:{}:kill", 1 + (i / 11) % 3) } else { String::new() };
+                    while !call("DEL", cid, &format!("pod-{i}"), &fault).0 {
+                        fault.clear();
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                };
+                let mut mine = std::collections::VecDeque::new();
+                for i in (client..PODS).step_by(CLIENTS) {
+                    let (cid, pod) = (format!("churn-c{i}"), format!("pod-{i}"));
+                    // Every 7th pod's first ADD is killed at one of its API calls.
+                    let mut fault =
+                        if i % 7 == 0 { format!("plexus-ipam:{}:kill", 1 + (i / 7) % 4) } else { String::new() };
+                    let ip = loop {
+                        let (ok, r) = call("ADD", &cid, &pod, &fault);
+                        if ok {
+                            break r["ips"][0]["address"].as_str().unwrap().to_string();
+                        }
+                        fault.clear();
+                        while !call("DEL", &cid, &pod, "").0 {
+                            std::thread::sleep(Duration::from_millis(500));
+                        }
+                    };
+                    assert!(live.lock().unwrap().insert(ip.clone()), "{ip} handed out twice ({cid})");
+                    adds.fetch_add(1, SeqCst);
+                    mine.push_back((i, cid, ip));
+                    if mine.len() > LIVE {
+                        let (i, cid, ip) = mine.pop_front().unwrap();
+                        del(i, &cid, &ip);
+                    }
+                }
+                for (i, cid, ip) in mine {
+                    del(i, &cid, &ip);
+                }
+            });
+        }
+    });
+    let (unavailable, killed) = (unavailable.load(SeqCst), killed.load(SeqCst));
+    eprintln!("1000-pod churn: {unavailable} calls failed with code 11 (API server down), {killed} killed mid-call");
+    assert!(unavailable > 0, "the outage hit no call: the test did not test it");
+    assert!(killed > 0, "no call was killed: the test did not test it");
+    let (ok, out) = c.kubectl(
+        &["-n", "kube-system", "get", "ippools.whereabouts.cni.cncf.io", "198.18.164.0-22", "-o", "json"],
+        None,
+    );
+    assert!(ok, "{out}");
+    let pool: Value = serde_json::from_str(&out).unwrap();
+    let left = pool["spec"]["allocations"].as_object().map(|a| a.len()).unwrap_or(0);
+    assert_eq!(left, 0, "allocations leaked: {}", pool["spec"]["allocations"]);
+    let (ok, out) = c.kubectl(
+        &["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io", "-o", "name"],
+        None,
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out.lines().filter(|l| !l.is_empty()).count(), 0, "reservations leaked: {out}");
 }

@@ -409,12 +409,16 @@ impl KubernetesStore {
     }
 
     /// Remove every entry of (container, ifname) from `range`'s pool; the addresses released.
+    /// `first` runs for each entry before the pool patch removes it (the reservation goes first:
+    /// a DEL killed between the two finds the entry again and finishes, where the other order
+    /// would leave a reservation no entry leads back to).
     fn release_in(
         &self,
         range: &IpRange,
         container_id: &str,
         ifname: &str,
         deadline: Instant,
+        first: &dyn Fn(&Allocation) -> Result<(), IpamError>,
     ) -> Result<Vec<Allocation>, IpamError> {
         loop {
             if Instant::now() >= deadline {
@@ -445,13 +449,17 @@ impl KubernetesStore {
             if mine.is_empty() {
                 return Ok(Vec::new());
             }
+            let released: Vec<Allocation> = mine.iter().map(|(o, v)| self.allocation(range, *o, v)).collect();
+            for a in &released {
+                first(a)?;
+            }
             let mut ops = Vec::new();
             for (o, _) in &mine {
                 ops.push(json!({"op": "test", "path": format!("/spec/allocations/{o}/id"), "value": container_id}));
                 ops.push(json!({"op": "remove", "path": format!("/spec/allocations/{o}")}));
             }
             if self.patch_pool(&pool.name, &ops)? {
-                return Ok(mine.into_iter().map(|(o, v)| self.allocation(range, o, &v)).collect());
+                return Ok(released);
             }
         }
     }
@@ -535,13 +543,12 @@ impl Store for KubernetesStore {
                     Err(e) => {
                         // Nothing held for a failed ADD: the earlier ranges' addresses go back.
                         for r in &req.ranges[..i] {
-                            if let Ok(released) =
-                                self.release_in(r, &req.owner.container_id, &req.owner.ifname, deadline)
-                            {
-                                for a in released {
-                                    let _ = self.unreserve(&a);
-                                }
-                            }
+                            let unreserve = |a: &Allocation| {
+                                let _ = self.unreserve(a);
+                                Ok(())
+                            };
+                            let _ =
+                                self.release_in(r, &req.owner.container_id, &req.owner.ifname, deadline, &unreserve);
                         }
                         return Err(e);
                     }
@@ -556,10 +563,10 @@ impl Store for KubernetesStore {
         self.locked(container_id, || {
             let mut all = Vec::new();
             for range in &self.ranges {
-                for a in self.retrying(deadline, || self.release_in(range, container_id, ifname, deadline))? {
-                    self.retrying(deadline, || self.unreserve(&a))?;
-                    all.push(a);
-                }
+                let unreserve = |a: &Allocation| self.retrying(deadline, || self.unreserve(a));
+                all.extend(
+                    self.retrying(deadline, || self.release_in(range, container_id, ifname, deadline, &unreserve))?,
+                );
             }
             Ok(all)
         })
