@@ -870,8 +870,11 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
                 let del = |i: usize, cid: &str, ip: &str| {
                     live.lock().unwrap().remove(ip);
                     // Every 11th pod's first DEL is killed at one of its API calls.
-                    let mut fault =
-                        if i % 11 == 0 { format!("plexus-ipam:{}:kill", 1 + (i / 11) % 3) } else { String::new() };
+                    let mut fault = if i.is_multiple_of(11) {
+                        format!("plexus-ipam:{}:kill", 1 + (i / 11) % 3)
+                    } else {
+                        String::new()
+                    };
                     while !call("DEL", cid, &format!("pod-{i}"), &fault).0 {
                         fault.clear();
                         std::thread::sleep(Duration::from_millis(500));
@@ -881,8 +884,11 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
                 for i in (client..PODS).step_by(CLIENTS) {
                     let (cid, pod) = (format!("churn-c{i}"), format!("pod-{i}"));
                     // Every 7th pod's first ADD is killed at one of its API calls.
-                    let mut fault =
-                        if i % 7 == 0 { format!("plexus-ipam:{}:kill", 1 + (i / 7) % 4) } else { String::new() };
+                    let mut fault = if i.is_multiple_of(7) {
+                        format!("plexus-ipam:{}:kill", 1 + (i / 7) % 4)
+                    } else {
+                        String::new()
+                    };
                     let ip = loop {
                         let (ok, r) = call("ADD", &cid, &pod, &fault);
                         if ok {
