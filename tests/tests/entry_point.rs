@@ -240,3 +240,44 @@ fn gc_receives_valid_attachments_under_both_keys() {
         assert_eq!(seen, attachments, "{key}");
     }
 }
+
+#[test]
+fn unknown_cni_args_keys_fail_add_and_check_with_code_4_unless_ignore_unknown_and_never_del() {
+    let lab = Lab::new();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "policy.json", &json!({"dataRoots": [dir.path()]}));
+    let c = json!({"cniVersion": "1.0.0", "name": "rail0", "type": "x",
+                   "ipam": {"type": "plexus-ipam", "range": "198.18.5.0/24", "dataDir": dir.path().join("ipam")}});
+    let run = |verb: &str, args: &str| {
+        PluginRun::new(plugin_bin("plexus-ipam"), verb)
+            .attachment("c1", &lab.pod.path(), "net1", "/usr/lib/cni")
+            .env("PLEXUS_POLICY", policy.to_str().unwrap())
+            .env("CNI_ARGS", args)
+            .stdin(&c)
+            .in_netns(&lab.node)
+            .run()
+    };
+    let (code, msg, details) = run("ADD", "K8S_POD_NAME=p;FOO=1;BAR=2").error();
+    assert_eq!(code, 4);
+    assert_eq!(msg, r#"ARGS: unknown args ["FOO" "BAR"]"#, "libcni's words, naming every unknown key");
+    assert!(details.contains("IgnoreUnknown"), "{details}");
+    assert!(
+        !dir.path().join("ipam/default/ips").exists()
+            || std::fs::read_dir(dir.path().join("ipam/default/ips")).unwrap().count() == 0
+    );
+    // The reference plugins refuse it too (libcni's LoadArgs), with code 999 where plexus says 4.
+    let theirs = PluginRun::new(reference_plugin("static"), "ADD")
+        .attachment("c1", &lab.pod.path(), "net1", "/usr/lib/cni")
+        .env("CNI_ARGS", "FOO=1")
+        .stdin(&conf("1.0.0"))
+        .in_netns(&lab.node)
+        .run();
+    assert!(!theirs.success(), "{}", theirs.stdout);
+    assert!(theirs.error().1.contains("FOO"), "{}", theirs.stdout);
+    // Known keys (the runtime's and this plugin's) and IgnoreUnknown pass; DEL takes anything.
+    let ok = run("ADD", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p;IP=198.18.5.7");
+    assert!(ok.success(), "{}", ok.stdout);
+    assert!(run("DEL", "FOO=1").success());
+    assert!(run("ADD", "IgnoreUnknown=1;FOO=1").success());
+    assert!(run("DEL", "IgnoreUnknown=1;FOO=1").success());
+}

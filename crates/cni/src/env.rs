@@ -224,11 +224,18 @@ impl CniArgs {
         if self.ignore_unknown() {
             return Ok(());
         }
-        match self.pairs.iter().find(|(k, _)| k != "IgnoreUnknown" && !known.contains(&k.as_str())) {
-            Some((k, _)) => Err(Error::invalid_env(format!("ARGS: unknown args {k:?}"))
-                .with_details("set IgnoreUnknown=1 in CNI_ARGS to pass keys this plugin does not use")),
-            None => Ok(()),
+        let unknown: Vec<String> = self
+            .pairs
+            .iter()
+            .filter(|(k, _)| k != "IgnoreUnknown" && !known.contains(&k.as_str()))
+            .map(|(k, _)| format!("{k:?}"))
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
         }
+        // libcni's words: `ARGS: unknown args ["A" "B"]`.
+        Err(Error::invalid_env(format!("ARGS: unknown args [{}]", unknown.join(" ")))
+            .with_details("set IgnoreUnknown=1 in CNI_ARGS to pass keys this plugin does not use"))
     }
 
     /// Serialize back to `K=V;...` (for delegates).

@@ -89,6 +89,12 @@ pub trait Plugin {
     fn status(&self, _req: &Request) -> Result<(), Error> {
         Ok(())
     }
+    /// The `CNI_ARGS` keys this plugin (or a plugin it runs) reads, beyond the runtime's
+    /// [`RUNTIME_ARGS`]: any other key fails ADD and CHECK with code 4 unless `CNI_ARGS` sets
+    /// `IgnoreUnknown` (libcni's `types.LoadArgs`). DEL, GC and STATUS accept any.
+    fn known_args(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// Whether this invocation's config is the admin's (the meta-plugin run by the runtime from
     /// the CNI conf dir), so that its log settings apply. Delegate configs are not.
     fn admin_config(&self, _req: &Request) -> bool {
@@ -229,7 +235,13 @@ fn refuse_own_netns(netns: Option<&Path>) -> Result<(), Error> {
     Ok(())
 }
 
+/// The `CNI_ARGS` keys runtimes set for a Kubernetes pod, which every plexus plugin reads.
+pub const RUNTIME_ARGS: &[&str] = &["K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID"];
+
 fn call(plugin: &impl Plugin, req: &Request) -> Result<Option<Value>, Error> {
+    if matches!(req.env.command, Command::Add | Command::Check) {
+        req.env.args.check_known(&[RUNTIME_ARGS, plugin.known_args()].concat())?;
+    }
     match req.env.command {
         Command::Add => plugin.add(req)?.to_value(req.version).map(Some),
         Command::Del => plugin.del(req).map(|_| None),

@@ -66,6 +66,10 @@ fn roce_gids(
 }
 
 impl Plugin for HostDevice {
+    fn known_args(&self) -> &'static [&'static str] {
+        &["IP", "GATEWAY"]
+    }
+
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let conf = HostDeviceConf::load(req)?;
         let info_file = device_info_file(req)?;

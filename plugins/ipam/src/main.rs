@@ -91,6 +91,10 @@ fn per_range(ranges: &[IpRange], requested: &[IpAddr]) -> Result<Vec<Option<IpAd
 }
 
 impl Plugin for Ipam {
+    fn known_args(&self) -> &'static [&'static str] {
+        &["IP", "GATEWAY"]
+    }
+
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let wanted = per_range(&cfg.ranges, &requested(req)?)?;

@@ -33,6 +33,10 @@ fn main() -> ExitCode {
 }
 
 impl Plugin for Macvlan {
+    fn known_args(&self) -> &'static [&'static str] {
+        &["MAC", "IP", "GATEWAY"]
+    }
+
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let conf = MacvlanConf::load(req)?;
         let mode = conf.mode()?;

@@ -205,6 +205,10 @@ fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy) -> Vec
 }
 
 impl Plugin for Meta {
+    fn known_args(&self) -> &'static [&'static str] {
+        &["IP", "MAC", "GATEWAY"]
+    }
+
     /// The meta config is the admin's (the CNI conf dir), unless plexus runs as a delegate of
     /// plexus — then it is a network's, and refused.
     fn admin_config(&self, _req: &Request) -> bool {
