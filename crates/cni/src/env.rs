@@ -113,10 +113,6 @@ impl CniEnv {
             vars: Vec::new(),
         })
     }
-
-    pub fn from_process() -> Result<CniEnv, Error> {
-        CniEnv::from_lookup(|k| std::env::var(k).ok())
-    }
 }
 
 /// A short, stable name of one attachment (container ID, interface name): 16 hex digits of a

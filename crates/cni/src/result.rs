@@ -300,11 +300,6 @@ impl CniResult {
         }
         Ok(())
     }
-
-    /// Print as the single JSON document on `out`, indented like libcni.
-    pub fn write_to(&self, version: SpecVersion, out: &mut impl std::io::Write) -> Result<(), Error> {
-        write_json(&self.to_value(version)?, out)
-    }
 }
 
 fn to_json<T: Serialize>(v: &T) -> Value {

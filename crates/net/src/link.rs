@@ -81,9 +81,8 @@ pub struct Link {
     pub mtu: u32,
     pub mac: Option<[u8; 6]>,
     pub up: bool,
-    /// `IFLA_LINK`: the parent's index (in the namespace `link_netnsid` names, if set).
+    /// `IFLA_LINK`: the parent's index.
     pub parent: Option<u32>,
-    pub link_netnsid: Option<i32>,
     pub alias: Option<String>,
     pub kind: Option<String>,
     pub macvlan_mode: Option<MacvlanMode>,
@@ -98,7 +97,6 @@ impl Link {
             mac: None,
             up: msg.header.flags.contains(LinkFlags::Up),
             parent: None,
-            link_netnsid: None,
             alias: None,
             kind: None,
             macvlan_mode: None,
@@ -109,7 +107,6 @@ impl Link {
                 LinkAttribute::Mtu(m) => link.mtu = m,
                 LinkAttribute::Address(a) => link.mac = a.try_into().ok(),
                 LinkAttribute::Link(p) => link.parent = Some(p),
-                LinkAttribute::LinkNetNsId(id) => link.link_netnsid = Some(id),
                 LinkAttribute::IfAlias(a) => link.alias = Some(a),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {

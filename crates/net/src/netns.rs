@@ -40,14 +40,6 @@ impl Netns {
         self.file.as_raw_fd()
     }
 
-    /// Whether two handles name the same namespace.
-    pub fn same_as(&self, other: &Netns) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        match (self.file.metadata(), other.file.metadata()) {
-            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-            _ => false,
-        }
-    }
 
     /// Run `f` on a fresh thread that has joined this namespace (sysctls, sockets of other
     /// families). The thread ends with `f`, so no other work ever runs in the namespace.
@@ -94,15 +86,6 @@ impl Netns {
                     .map_err(|e| NetError::io(format!("sysctl {}={value}", key.display()), e))?;
             }
             Ok(())
-        })?
-    }
-
-    /// Read one sysctl inside this namespace.
-    pub fn read_sysctl(&self, key: &Path) -> Result<String> {
-        self.run("sysctl", || {
-            std::fs::read_to_string(Path::new("/proc/sys").join(key))
-                .map(|s| s.trim().to_string())
-                .map_err(|e| NetError::io(format!("read sysctl {}", key.display()), e))
         })?
     }
 }
