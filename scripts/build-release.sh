@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the binaries plexus ships: release profile, statically linked against glibc, so they
 # start fast (no dynamic loader work: ~0.3 ms of every invocation) and run on any host they are
-# copied to, like the Go reference plugins. Prints the directory holding them.
+# copied to, like the Go reference plugins. Prints the directory holding them. Arguments name
+# packages to build (`-p plexus -p plexus-macvlan`); none: every binary of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host=$(rustc -vV | sed -n 's/^host: //p')
@@ -10,5 +11,5 @@ host=$(rustc -vV | sed -n 's/^host: //p')
 # binary first applies its ~16k relocations and copies .data.rel.ro on every start (~0.15 ms for
 # plexus); the stack, heap and mmap areas stay randomized.
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
-  cargo build --release --locked --workspace --bins --target "$host" >&2
+  cargo build --release --locked --bins --target "$host" "${@:---workspace}" >&2
 echo "$(pwd)/target/$host/release"

@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (it creates network namespaces)" >&2; exit 1; }
 command -v ip >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends iproute2; }
 
-echo "== building plexus (scripts/build-release.sh)"
-BIN=$(bash scripts/build-release.sh)
+echo "== building plexus, plexus-macvlan and plexus-ipam (scripts/build-release.sh: what the demo runs)"
+BIN=$(bash scripts/build-release.sh -p plexus -p plexus-macvlan -p plexus-ipam)
 
 work=$(mktemp -d)
 node=plexus-demo-node-$$ pod=plexus-demo-pod-$$
