@@ -115,12 +115,19 @@ impl CniEnv {
     }
 }
 
+/// The key of one attachment (container ID, interface name) in caches, IPAM stores and state
+/// files: `<containerID>=<ifname>`. A container ID is a CNI name (no `=`), so the first `=` splits
+/// a key back into the two.
+pub fn attachment_key(container_id: &str, ifname: &str) -> String {
+    format!("{container_id}={ifname}")
+}
+
 /// A short, stable name of one attachment (container ID, interface name): 16 hex digits of a
 /// SHA-256, for marks a plugin leaves in the kernel (a moved device's alias, a macvlan's temporary
 /// name) so that DEL finds exactly what that attachment left, even after a crash mid-ADD.
 pub fn attachment_tag(container_id: &str, ifname: &str) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("{container_id}={ifname}").as_bytes());
+    let digest = Sha256::digest(attachment_key(container_id, ifname).as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 

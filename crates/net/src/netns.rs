@@ -40,7 +40,6 @@ impl Netns {
         self.file.as_raw_fd()
     }
 
-
     /// Run `f` on a fresh thread that has joined this namespace (sysctls, sockets of other
     /// families). The thread ends with `f`, so no other work ever runs in the namespace.
     pub fn run<T: Send>(&self, what: &str, f: impl FnOnce() -> T + Send) -> Result<T> {

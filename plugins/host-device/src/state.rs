@@ -102,7 +102,7 @@ impl HostState {
 
 /// The state file of an attachment in the (policy-checked) data directory.
 pub fn path(data_dir: &SafeDir, container_id: &str, ifname: &str) -> PathBuf {
-    data_dir.join(format!("{container_id}={ifname}"))
+    data_dir.join(plexus_cni::env::attachment_key(container_id, ifname))
 }
 
 pub fn save(path: &Path, state: &HostState) -> Result<(), Error> {

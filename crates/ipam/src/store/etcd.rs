@@ -23,10 +23,11 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn, TxnOp,
 };
 
-use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store};
+use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store, key_safe};
 use crate::config::EtcdConfig;
 use crate::error::IpamError;
 use crate::range::{IpRange, to_u128};
+use plexus_cni::env::attachment_key;
 
 /// Transactions retried after a conflict before giving up.
 const MAX_ATTEMPTS: usize = 64;
@@ -41,10 +42,6 @@ pub struct EtcdStore {
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
     IpamError::Unavailable(e.to_string())
-}
-
-fn sanitize(s: &str) -> String {
-    s.replace('/', "_")
 }
 
 impl EtcdStore {
@@ -96,25 +93,24 @@ impl EtcdStore {
         if overlapping {
             format!("{}/ips/{hex}", self.root)
         } else {
-            format!("{}/ips/{}/{hex}", self.root, sanitize(range))
+            format!("{}/ips/{}/{hex}", self.root, key_safe(range))
         }
     }
 
     fn record_key(&self, cid: &str, ifname: &str) -> String {
-        format!("{}/attachments/{cid}={ifname}", self.root)
+        format!("{}/attachments/{}", self.root, attachment_key(cid, ifname))
     }
 
     fn pod_key(&self, owner: &Owner) -> Option<String> {
-        let (ns, name) = owner.pod_ref.as_deref()?.split_once('/')?;
-        Some(format!("{}/pods/{ns}={name}={}", self.root, owner.ifname))
+        Some(format!("{}/pods/{}", self.root, owner.pod_key()?))
     }
 
     fn block_prefix(&self, range: &IpRange) -> String {
-        format!("{}/blocks/{}/", self.root, sanitize(&range.key()))
+        format!("{}/blocks/{}/", self.root, key_safe(&range.key()))
     }
 
     fn cursor_key(&self, node: &str, range: &IpRange) -> String {
-        format!("{}/cursors/{node}/{}", self.root, sanitize(&range.key()))
+        format!("{}/cursors/{node}/{}", self.root, key_safe(&range.key()))
     }
 
     async fn call<T>(
@@ -158,7 +154,7 @@ impl EtcdStore {
     }
 
     fn holder_of(value: &[u8]) -> Option<String> {
-        serde_json::from_slice::<Allocation>(value).ok().map(|a| format!("{}={}", a.owner.container_id, a.owner.ifname))
+        serde_json::from_slice::<Allocation>(value).ok().map(|a| a.owner.key())
     }
 
     /// A free address for `range`, inside this node's blocks (reserving one when they are full),
@@ -263,7 +259,7 @@ impl EtcdStore {
         skip: &mut BTreeSet<IpAddr>,
     ) -> Result<Option<Vec<IpAddr>>, IpamError> {
         let owner = &req.owner;
-        let me = format!("{}={}", owner.container_id, owner.ifname);
+        let me = owner.key();
         let record_key = self.record_key(&owner.container_id, &owner.ifname);
         let (rec_val, rec_rev) = self.get(&record_key).await?;
         let mut previous: Option<Record> = rec_val.and_then(|v| serde_json::from_slice(&v).ok());
@@ -353,7 +349,7 @@ impl EtcdStore {
     }
 
     async fn release_once(&self, cid: &str, ifname: &str) -> Result<Option<Vec<Allocation>>, IpamError> {
-        let me = format!("{cid}={ifname}");
+        let me = attachment_key(cid, ifname);
         let record_key = self.record_key(cid, ifname);
         let (val, rev) = self.get(&record_key).await?;
         let Some(record) = val.and_then(|v| serde_json::from_slice::<Record>(&v).ok()) else {
@@ -419,8 +415,8 @@ impl Store for EtcdStore {
     }
 
     fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
-        let me = format!("{container_id}={ifname}");
-        Ok(self.list()?.into_iter().filter(|a| format!("{}={}", a.owner.container_id, a.owner.ifname) == me).collect())
+        let me = attachment_key(container_id, ifname);
+        Ok(self.list()?.into_iter().filter(|a| a.owner.key() == me).collect())
     }
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {

@@ -28,9 +28,10 @@ use std::path::{Path, PathBuf};
 
 use plexus_cni::files::{self, SafeDir};
 
-use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store};
+use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store, key_safe};
 use crate::error::IpamError;
 use crate::range::IpRange;
+use plexus_cni::env::attachment_key;
 
 #[derive(Debug)]
 pub struct FileStore {
@@ -40,10 +41,6 @@ pub struct FileStore {
     pods: SafeDir,
     cursors: SafeDir,
     tmp: SafeDir,
-}
-
-fn file_safe(s: &str) -> String {
-    s.replace('/', "_")
 }
 
 /// A name safe as one path component (container IDs and ifnames are validated by the entry
@@ -134,16 +131,16 @@ impl FileStore {
     }
 
     fn record_path(&self, container_id: &str, ifname: &str) -> PathBuf {
-        self.attachments.join(format!("{container_id}={ifname}"))
+        self.attachments.join(attachment_key(container_id, ifname))
     }
 
     fn pod_path(&self, owner: &Owner) -> Option<PathBuf> {
-        let (ns, name) = owner.pod_ref.as_deref()?.split_once('/')?;
-        (component_ok(ns) && component_ok(name)).then(|| self.pods.join(format!("{ns}={name}={}", owner.ifname)))
+        // The pod's namespace and name come from CNI_ARGS: one path component, or no index.
+        owner.pod_key().filter(|k| component_ok(k)).map(|k| self.pods.join(k))
     }
 
     fn ip_key(ip: IpAddr, range: &str, overlapping: bool) -> String {
-        if overlapping { ip.to_string() } else { format!("{}={ip}", file_safe(range)) }
+        if overlapping { ip.to_string() } else { format!("{}={ip}", key_safe(range)) }
     }
 
     fn ip_path(&self, key: &str) -> PathBuf {
@@ -215,11 +212,11 @@ impl FileStore {
     }
 
     fn cursor(&self, range: &IpRange) -> Option<u128> {
-        fs::read_to_string(self.cursors.join(file_safe(&range.key()))).ok()?.trim().parse().ok()
+        fs::read_to_string(self.cursors.join(key_safe(&range.key()))).ok()?.trim().parse().ok()
     }
 
     fn set_cursor(&self, range: &IpRange, offset: u128) {
-        let path = self.cursors.join(file_safe(&range.key()));
+        let path = self.cursors.join(key_safe(&range.key()));
         // A hint: replaced by rename (never written through whatever sits at its name), never
         // synced; a lost cursor only moves next-fit back to the start of the range.
         let _ = files::replace_private_via(&self.tmp.path(), &path, offset.to_string().as_bytes());
@@ -251,12 +248,12 @@ impl FileStore {
     }
 
     fn release_locked(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
-        let me = format!("{container_id}={ifname}");
+        let me = attachment_key(container_id, ifname);
         let path = self.record_path(container_id, ifname);
         let Some(record) = self.read_record(&path)? else { return Ok(Vec::new()) };
         let mut released = Vec::new();
         for held in &record.ips {
-            for key in [held.ip.to_string(), format!("{}={}", file_safe(&held.range), held.ip)] {
+            for key in held_keys(held) {
                 if self.holder(&key).as_deref() == Some(me.as_str()) {
                     let p = self.ip_path(&key);
                     unlink(&p).or_else(not_found_ok).map_err(|e| self.err("release", &p, e))?;
@@ -277,7 +274,7 @@ impl FileStore {
     /// ADD under the lock: the addresses, and the files to make durable after the lock.
     fn allocate_locked(&self, req: &AllocRequest<'_>) -> Result<(Vec<IpAddr>, Vec<PathBuf>), IpamError> {
         let owner = &req.owner;
-        let me = format!("{}={}", owner.container_id, owner.ifname);
+        let me = owner.key();
         let record_path = self.record_path(&owner.container_id, &owner.ifname);
         // What this attachment holds already: its own record, or — after a sandbox re-creation —
         // the record of the same pod interface under its old container ID.
@@ -369,16 +366,12 @@ impl Store for FileStore {
 
     fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
         let _lock = self.lock()?;
-        let me = format!("{container_id}={ifname}");
+        let me = attachment_key(container_id, ifname);
         let Some(record) = self.read_record(&self.record_path(container_id, ifname))? else { return Ok(Vec::new()) };
         Ok(record
             .ips
             .iter()
-            .filter(|h| {
-                [h.ip.to_string(), format!("{}={}", file_safe(&h.range), h.ip)]
-                    .iter()
-                    .any(|k| self.holder(k).as_deref() == Some(me.as_str()))
-            })
+            .filter(|h| held_keys(h).iter().any(|k| self.holder(k).as_deref() == Some(me.as_str())))
             .map(|h| Allocation { ip: h.ip, range: h.range.clone(), owner: record.owner.clone() })
             .collect())
     }
@@ -389,11 +382,9 @@ impl Store for FileStore {
         let mut out = Vec::new();
         for entry in fs::read_dir(&dir).map_err(|e| self.err("list", &dir, e))?.flatten() {
             if let Some(record) = self.read_record(&entry.path())? {
-                let me = format!("{}={}", record.owner.container_id, record.owner.ifname);
+                let me = record.owner.key();
                 for h in &record.ips {
-                    let held = [h.ip.to_string(), format!("{}={}", file_safe(&h.range), h.ip)]
-                        .iter()
-                        .any(|k| self.holder(k).as_deref() == Some(me.as_str()));
+                    let held = held_keys(h).iter().any(|k| self.holder(k).as_deref() == Some(me.as_str()));
                     if held {
                         out.push(Allocation { ip: h.ip, range: h.range.clone(), owner: record.owner.clone() });
                     }
@@ -409,4 +400,10 @@ impl Store for FileStore {
 fn unlink(path: &Path) -> std::io::Result<()> {
     plexus_cni::fault::at(plexus_cni::fault::Point::FileWrite)?;
     fs::remove_file(path)
+}
+
+/// The two address-file keys a held address may be filed under (overlapping ranges: the bare
+/// address; otherwise per range, see [`FileStore::ip_key`]).
+fn held_keys(h: &Held) -> [String; 2] {
+    [FileStore::ip_key(h.ip, &h.range, true), FileStore::ip_key(h.ip, &h.range, false)]
 }

@@ -54,6 +54,25 @@ pub struct Owner {
 }
 
 impl Owner {
+    /// The attachment's key (`<containerID>=<ifname>`), as every store files it.
+    pub fn key(&self) -> String {
+        plexus_cni::env::attachment_key(&self.container_id, &self.ifname)
+    }
+
+    /// The pod's interface key (`<namespace>=<name>=<ifname>`), by which an ADD of the pod's
+    /// new sandbox finds what its old one holds; None when the runtime named no pod.
+    pub fn pod_key(&self) -> Option<String> {
+        let (ns, name) = self.pod_ref.as_deref()?.split_once('/')?;
+        Some(format!("{ns}={name}={}", self.ifname))
+    }
+}
+
+/// A range key (`198.18.0.0/24`, or with bounds) as one path component or key segment.
+pub(crate) fn key_safe(range: &str) -> String {
+    range.replace('/', "_")
+}
+
+impl Owner {
     pub fn same_attachment(&self, container_id: &str, ifname: &str) -> bool {
         self.container_id == container_id && self.ifname == ifname
     }
