@@ -98,7 +98,7 @@ pub fn routes_for(setup: &IfaceSetup<'_>) -> Vec<RouteSpec> {
             let subnet = IpNetwork::new(ip.address.network(), ip.address.prefix()).expect("valid prefix");
             let mut r = RouteSpec::new(subnet, None, setup.index);
             r.table = table;
-            r.scope = 253; // link
+            r.scope = crate::link::SCOPE_LINK;
             r.prefsrc = Some(ip.address.ip());
             routes.push(r);
         }
@@ -222,7 +222,7 @@ mod tests {
         let routes = routes_for(&setup);
         assert_eq!(routes.len(), 3);
         assert_eq!(routes[0].dst.to_string(), "198.18.1.0/24");
-        assert_eq!((routes[0].scope, routes[0].table), (253, 101));
+        assert_eq!((routes[0].scope, routes[0].table), (crate::link::SCOPE_LINK, 101));
         assert_eq!(routes[1].gw.unwrap().to_string(), "198.18.1.1");
         assert_eq!(routes[2].gw.unwrap().to_string(), "198.18.1.254");
         assert_eq!(routes[2].mtu, Some(4000));

@@ -224,6 +224,7 @@ pub struct RouteSpec {
     pub metric: Option<u32>,
     pub mtu: Option<u32>,
     pub advmss: Option<u32>,
+    /// `rtm_scope`: [`SCOPE_LINK`] for a route to a directly attached subnet, 0 (universe) else.
     pub scope: u8,
     pub prefsrc: Option<IpAddr>,
 }
@@ -275,8 +276,11 @@ impl OpeningSocket {
     }
 }
 
-/// The address family of IPv4 (`true`) or IPv6 (`false`), for [`LinkSocket::routes`].
-pub fn family(v4: bool) -> AddressFamily {
+/// `rtm_scope` of a route to a directly attached subnet (`scope link`).
+pub const SCOPE_LINK: u8 = 253;
+
+/// The address family of IPv4 (`true`) or IPv6 (`false`).
+fn family(v4: bool) -> AddressFamily {
     if v4 { AddressFamily::Inet } else { AddressFamily::Inet6 }
 }
 
@@ -548,8 +552,15 @@ impl LinkSocket {
         Ok(deleted)
     }
 
+    /// Every route, IPv4 and IPv6, all tables.
+    pub async fn all_routes(&self) -> Result<Vec<RouteSpec>> {
+        let mut routes = self.routes(AddressFamily::Inet).await?;
+        routes.extend(self.routes(AddressFamily::Inet6).await?);
+        Ok(routes)
+    }
+
     /// Every route of `family`, all tables.
-    pub async fn routes(&self, family: AddressFamily) -> Result<Vec<RouteSpec>> {
+    async fn routes(&self, family: AddressFamily) -> Result<Vec<RouteSpec>> {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
         let replies = self.dump("list routes", RouteNetlinkMessage::GetRoute(req)).await?;
@@ -721,6 +732,11 @@ pub mod fuzzing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scope_link_is_the_kernels_rt_scope_link() {
+        assert_eq!(u8::from(RouteScope::Link), SCOPE_LINK);
+    }
 
     #[test]
     fn macs_parse_and_print() {

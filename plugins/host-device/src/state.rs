@@ -79,7 +79,7 @@ impl HostState {
             .into_iter()
             .map(|(a, _)| a)
             // The kernel makes link-local IPv6 addresses itself.
-            .filter(|a| !matches!(a, IpNetwork::V6(v6) if v6.ip().segments()[0] & 0xffc0 == 0xfe80))
+            .filter(|a| !matches!(a, IpNetwork::V6(v6) if v6.ip().is_unicast_link_local()))
             .collect();
         Ok(HostState {
             name: link.name.clone(),

@@ -281,7 +281,7 @@ fn delete_link(conf: &MacvlanConf, netns: &std::path::Path, env: &plexus_cni::Cn
         let sock = match LinkSocket::open(&pod) {
             Ok(s) => s,
             // A path that is no longer a namespace (unmounted): nothing left to delete.
-            Err(e) if e.is_not_found() || e.errno() == Some(nix_einval()) => return Ok(()),
+            Err(e) if e.is_not_found() || e.errno() == Some(EINVAL_NOT_A_NAMESPACE) => return Ok(()),
             Err(e) => return Err(Error::from(e)),
         };
         match sock.link(ifname).await? {
@@ -308,9 +308,8 @@ fn delete_link(conf: &MacvlanConf, netns: &std::path::Path, env: &plexus_cni::Cn
     })
 }
 
-fn nix_einval() -> i32 {
-    22 // EINVAL: setns on a file that is not a namespace
-}
+/// What setns answers for a file that is not a namespace (EINVAL).
+const EINVAL_NOT_A_NAMESPACE: i32 = 22;
 
 /// CHECK: the link in the pod is the macvlan ADD made, with prevResult's MAC, addresses, routes.
 async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, pod: &Netns) -> Result<(), Error> {
@@ -345,8 +344,7 @@ async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, p
     }
     check::mac_and_addresses(&sock, &link, ifname, prev, idx).await?;
     let table = conf.rail_table(ifname);
-    let mut routes = sock.routes(plexus_net::link::family(true)).await?;
-    routes.extend(sock.routes(plexus_net::link::family(false)).await?);
+    let routes = sock.all_routes().await?;
     for r in &prev.routes {
         let want_table = table.or(r.table).unwrap_or(plexus_net::link::MAIN_TABLE);
         if !routes.iter().any(|k| k.dst == r.dst && k.table == want_table && (r.gw.is_none() || k.gw == r.gw)) {
