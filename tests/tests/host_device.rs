@@ -394,24 +394,47 @@ fn fake_sysfs_dpdk_bound_device_is_not_moved_and_the_result_names_it() {
     assert!(rig.run("DEL", &c).success());
 }
 
+impl Rig {
+    fn status(&self, c: &Value) -> Outcome {
+        PluginRun::new(plugin_bin(PLUGIN), "STATUS")
+            .stdin(c)
+            .env("CNI_PATH", &cni_path())
+            .in_netns(&self.lab.node)
+            .run()
+    }
+}
+
 #[test]
-fn check_status_and_gc() {
+fn status_says_not_available_while_the_device_is_in_a_pod_and_available_once_it_is_back() {
     let rig = Rig::new();
-    let before = rig.host("ens1f0");
-    let mut c = rig.conf("1.1.0", json!({"device": "ens1f0"}));
-    let r = rig.run("ADD", &c).result();
-    let status = PluginRun::new(plugin_bin(PLUGIN), "STATUS")
-        .stdin(&c)
-        .env("CNI_PATH", &cni_path())
-        .in_netns(&rig.lab.node)
-        .run();
-    let (code, msg, _) = status.error();
+    let c = rig.conf("1.1.0", json!({"device": "ens1f0"}));
+    assert!(rig.status(&c).success(), "{}", rig.status(&c).stdout);
+    assert!(rig.run("ADD", &c).success());
+    let (code, msg, _) = rig.status(&c).error();
     assert_eq!(code, 50, "the device is in a pod: not available: {msg}");
-    c["prevResult"] = r;
+    assert!(rig.run("DEL", &c).success());
+    let back = rig.status(&c);
+    assert!(back.success(), "{}", back.stdout);
+}
+
+#[test]
+fn check_passes_for_the_attachment_as_added_and_fails_with_code_104_once_its_address_is_gone() {
+    let rig = Rig::new();
+    let mut c = rig.conf("1.1.0", json!({"device": "ens1f0"}));
+    c["prevResult"] = rig.run("ADD", &c).result();
     assert!(rig.run("CHECK", &c).success());
     rig.lab.pod.ip(&["addr", "flush", "dev", "net1"]);
     assert_eq!(rig.run("CHECK", &c).error().0, 104);
-    // GC with no valid attachment: the device comes home.
+    assert!(rig.run("DEL", &c).success());
+}
+
+#[test]
+fn gc_with_no_valid_attachment_brings_the_device_home_as_it_was_and_removes_its_state() {
+    let rig = Rig::new();
+    let before = rig.host("ens1f0");
+    let c = rig.conf("1.1.0", json!({"device": "ens1f0"}));
+    assert!(rig.run("ADD", &c).success());
+    assert_eq!(rig.state_files(), 1);
     let mut gc = rig.conf("1.1.0", json!({"device": "ens1f0"}));
     gc["cni.dev/valid-attachments"] = json!([]);
     let out =
@@ -419,11 +442,7 @@ fn check_status_and_gc() {
     assert!(out.success(), "{}", out.stdout);
     assert_eq!(rig.host("ens1f0"), before);
     assert_eq!(rig.state_files(), 0);
-    let status = PluginRun::new(plugin_bin(PLUGIN), "STATUS")
-        .stdin(&gc)
-        .env("CNI_PATH", &cni_path())
-        .in_netns(&rig.lab.node)
-        .run();
+    let status = rig.status(&gc);
     assert!(status.success(), "{}", status.stdout);
 }
 
