@@ -68,6 +68,12 @@ impl NetConf {
         }
     }
 
+    /// `prevResult`, which CHECK requires (libcni's words when it is missing, code 7).
+    pub fn prev_result_for_check(&self) -> Result<CniResult, Error> {
+        self.prev_result()?
+            .ok_or_else(|| Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult"))
+    }
+
     /// The IPAM plugin type, if an `ipam` section names one.
     pub fn ipam_type(&self) -> Option<&str> {
         self.ipam.as_ref().map(|i| i.plugin_type.as_str()).filter(|t| !t.is_empty())

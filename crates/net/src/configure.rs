@@ -38,6 +38,80 @@ pub fn multi_rail_table(ifname: &str) -> u32 {
     10_000 + h % 50_000
 }
 
+/// The interface keys of every attaching plugin's config (flattened into it): `mtu`,
+/// `multiRail`, `routeTable`, `dad`. Who may set them: whoever writes the network config (a NAD's
+/// author); they shape only the pod's own interface.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IfaceKeys {
+    /// The interface's MTU; absent (or 0, as in the reference plugins) leaves the device's own.
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    /// Several interfaces in one subnet: per-interface routing table and source rules.
+    #[serde(default)]
+    pub multi_rail: bool,
+    /// The multi-rail table; default [`multi_rail_table`] of the interface name.
+    #[serde(default)]
+    pub route_table: Option<u32>,
+    /// Run IPv6 duplicate address detection and wait for it.
+    #[serde(default)]
+    pub dad: bool,
+}
+
+impl IfaceKeys {
+    /// The MTU the config asks for (0 is "not set", as in the reference plugins).
+    pub fn mtu(&self) -> Option<u32> {
+        self.mtu.filter(|m| *m != 0)
+    }
+
+    /// The multi-rail routing table, when multi-rail is on.
+    pub fn rail_table(&self, ifname: &str) -> Option<u32> {
+        self.multi_rail.then(|| self.route_table.unwrap_or_else(|| multi_rail_table(ifname)))
+    }
+
+    /// The IPv4 settings the interface gets with its final name ([`ipv4_conf`]).
+    pub fn ipv4_conf(&self) -> Ipv4Conf {
+        ipv4_conf(self.multi_rail)
+    }
+}
+
+/// The error for an interface name the pod already has (the spec: ADD fails then).
+pub fn ifname_taken(ifname: &str, pod: &Netns) -> plexus_cni::Error {
+    plexus_cni::Error::new(
+        plexus_cni::code::IFNAME_TAKEN,
+        format!("interface {ifname:?} already exists in the container"),
+    )
+    .with_details(format!("netns {}", pod.path().display()))
+}
+
+/// The middle every attaching plugin shares, once its link is in the pod under its final name:
+/// IPAM's result (its addresses on interface 0), applied to the link (addresses, up, routes,
+/// multi-rail rules), with the config's DNS. `is_up`: the link went up with its rename (L2 only).
+pub async fn apply_ipam(
+    req: &plexus_cni::Request,
+    ipam: &mut plexus_cni::delegate::IpamStep,
+    pod: &Netns,
+    sock: &LinkSocket,
+    keys: &IfaceKeys,
+    index: u32,
+    is_up: bool,
+) -> std::result::Result<CniResult, plexus_cni::Error> {
+    let ifname = req.env.ifname.as_str();
+    let mut result = ipam.result(&req.env, &req.config)?;
+    for ip in &mut result.ips {
+        ip.interface = Some(0);
+    }
+    let setup =
+        IfaceSetup { ifname, index, result: &result, dad: keys.dad, multi_rail_table: keys.rail_table(ifname), is_up };
+    configure(pod, sock, &setup)
+        .await
+        .map_err(|e| plexus_cni::Error::from(e).context(format!("configure {ifname}")))?;
+    if let Some(dns) = req.config.dns.as_ref().filter(|d| !d.is_empty()) {
+        result.dns = dns.clone();
+    }
+    Ok(result)
+}
+
 /// What to configure on one interface.
 #[derive(Clone, Debug)]
 pub struct IfaceSetup<'a> {

@@ -28,14 +28,9 @@ pub struct HostDeviceConf {
     /// Injected by Multus for `resourceName` NADs.
     #[serde(default, rename = "deviceID")]
     pub device_id: Option<String>,
-    #[serde(default)]
-    pub mtu: Option<u32>,
-    #[serde(default)]
-    pub multi_rail: bool,
-    #[serde(default)]
-    pub route_table: Option<u32>,
-    #[serde(default)]
-    pub dad: bool,
+    /// `mtu`, `multiRail`, `routeTable`, `dad`.
+    #[serde(flatten)]
+    pub iface: plexus_net::configure::IfaceKeys,
     /// Where state files go: admin-chosen, beneath the node policy's `dataRoots`.
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
@@ -92,10 +87,6 @@ impl HostDeviceConf {
     /// The device ID from the runtime (capability `deviceID`) or Multus's top-level key.
     fn device_id<'a>(&'a self, req: &'a Request) -> Option<&'a str> {
         req.config.runtime("deviceID").and_then(|v| v.as_str()).or(self.device_id.as_deref()).filter(|s| !s.is_empty())
-    }
-
-    pub fn rail_table(&self, ifname: &str) -> Option<u32> {
-        self.multi_rail.then(|| self.route_table.unwrap_or_else(|| plexus_net::configure::multi_rail_table(ifname)))
     }
 
     /// Resolve the selectors (reference order: device, hwaddr, kernelpath, pciBusID, deviceID);

@@ -21,7 +21,7 @@ use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::policy::Allowed;
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::check;
-use plexus_net::configure::{self, IfaceSetup};
+use plexus_net::configure;
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns, roce};
 use state::HostState;
@@ -112,9 +112,9 @@ impl Plugin for HostDevice {
             let move_in = LinkChange {
                 netns: Some(&pod),
                 name: Some(ifname),
-                mtu: conf.mtu.filter(|m| *m != 0),
+                mtu: conf.iface.mtu(),
                 alias: Some(&marker),
-                ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)),
+                ipv4_conf: Some(conf.iface.ipv4_conf()),
                 up: l2_only.then_some(true),
                 ..Default::default()
             };
@@ -126,8 +126,7 @@ impl Plugin for HostDevice {
                     let _ = state::return_to_host(Some(&pod_sock), &node_sock, &node, &moved, Some(&host)).await;
                 }
                 return Err(if e.is_exists() {
-                    Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
-                        .with_details(format!("netns {}", pod.path().display()))
+                    configure::ifname_taken(ifname, &pod)
                 } else {
                     Error::from(e).context(format!("move {} into the pod", link.name))
                 });
@@ -138,17 +137,22 @@ impl Plugin for HostDevice {
                 .ok_or_else(|| Error::kernel(format!("{} is not in the pod after the move", link.name)))?;
             // The state rewritten with what the attachment added, and the device-info file, are
             // part of the ADD: a failure of either (a full disk) rolls everything back too.
-            let attached =
-                attach(req, &conf, &pod, &pod_sock, &moved, &mut ipam, &mut host, hw.rdma_device.as_deref(), l2_only)
-                    .await
-                    .and_then(|result| state::save(&state_path, &host).map(|()| result))
-                    .and_then(|result| match (&info_file, device_info_pci(&hw)) {
-                        (Some(path), Some(doc)) => {
-                            let gids = roce_gids(&sysfs, &pod, &host, hw.rdma_device.as_deref(), &result, wait);
-                            write_device_info(path, &roce::with_gids(doc, &gids)).map(|()| result)
-                        }
-                        _ => Ok(result),
-                    });
+            // Its RDMA device follows, then IPAM's result is applied.
+            let attached = async {
+                if let Some(dev) = hw.rdma_device.as_deref() {
+                    host.rdma_moved = rdma::move_in(conf.rdma, dev, &pod)?;
+                }
+                configure::apply_ipam(req, &mut ipam, &pod, &pod_sock, &conf.iface, moved.index, l2_only).await
+            }
+            .await
+            .and_then(|result| state::save(&state_path, &host).map(|()| result))
+            .and_then(|result| match (&info_file, device_info_pci(&hw)) {
+                (Some(path), Some(doc)) => {
+                    let gids = roce_gids(&sysfs, &pod, &host, hw.rdma_device.as_deref(), &result, wait);
+                    write_device_info(path, &roce::with_gids(doc, &gids)).map(|()| result)
+                }
+                _ => Ok(result),
+            });
             match attached {
                 Ok(mut result) => {
                     result.interfaces = vec![result_interface(ifname, Some(&moved), &pod, hw.pci_address.clone())];
@@ -192,9 +196,7 @@ impl Plugin for HostDevice {
 
     fn check(&self, req: &Request) -> Result<(), Error> {
         let _conf = HostDeviceConf::load(req)?;
-        let prev = req.config.prev_result()?.ok_or_else(|| {
-            Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult")
-        })?;
+        let prev = req.config.prev_result_for_check()?;
         forward_to_ipam(req, Command::Check)?;
         let ifname = req.env.ifname.as_str();
         let pod = Netns::open(req.netns().expect("CHECK has CNI_NETNS"))?;
@@ -243,42 +245,6 @@ impl Plugin for HostDevice {
             Err(Error::new(code::KERNEL, "GC could not restore every device").with_details(errors.join("; ")))
         }
     }
-}
-
-/// Everything after the device is in the pod: its RDMA device, IPAM, addresses, up, routes.
-#[allow(clippy::too_many_arguments)]
-async fn attach(
-    req: &Request,
-    conf: &HostDeviceConf,
-    pod: &Netns,
-    sock: &LinkSocket,
-    link: &Link,
-    ipam: &mut IpamStep,
-    host: &mut HostState,
-    rdma_device: Option<&str>,
-    l2_only: bool,
-) -> Result<CniResult, Error> {
-    if let Some(dev) = rdma_device {
-        host.rdma_moved = rdma::move_in(conf.rdma, dev, pod)?;
-    }
-    let mut result = ipam.result(&req.env, &req.config)?;
-    for ip in &mut result.ips {
-        ip.interface = Some(0);
-    }
-    let ifname = req.env.ifname.as_str();
-    let setup = IfaceSetup {
-        ifname,
-        index: link.index,
-        result: &result,
-        dad: conf.dad,
-        multi_rail_table: conf.rail_table(ifname),
-        is_up: l2_only,
-    };
-    configure::configure(pod, sock, &setup).await.map_err(|e| Error::from(e).context(format!("configure {ifname}")))?;
-    if let Some(dns) = req.config.dns.as_ref().filter(|d| !d.is_empty()) {
-        result.dns = dns.clone();
-    }
-    Ok(result)
 }
 
 /// The node policy's allow-lists for a device plexus-host-device hands to a pod: its netdev name

@@ -129,9 +129,7 @@ impl Plugin for Ipam {
 
     fn check(&self, req: &Request) -> Result<(), Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
-        let prev = req.config.prev_result()?.ok_or_else(|| {
-            Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult")
-        })?;
+        let prev = req.config.prev_result_for_check()?;
         let held = open_store(&cfg)?.holdings(&req.env.container_id, &req.env.ifname)?;
         if held.is_empty() {
             return Err(Error::new(

@@ -3,6 +3,7 @@
 
 use plexus_cni::{Error, Request};
 use plexus_net::MacvlanMode;
+use plexus_net::configure::IfaceKeys;
 use plexus_net::link::parse_mac;
 use serde::Deserialize;
 
@@ -14,19 +15,14 @@ pub struct MacvlanConf {
     #[serde(default)]
     pub mode: Option<String>,
     #[serde(default)]
-    pub mtu: Option<u32>,
-    #[serde(default)]
     pub mac: Option<String>,
     #[serde(default)]
     pub link_in_container: bool,
     #[serde(default)]
     pub bcqueuelen: Option<u32>,
-    #[serde(default)]
-    pub multi_rail: bool,
-    #[serde(default)]
-    pub route_table: Option<u32>,
-    #[serde(default)]
-    pub dad: bool,
+    /// `mtu`, `multiRail`, `routeTable`, `dad`.
+    #[serde(flatten)]
+    pub iface: IfaceKeys,
     /// How long ADD waits for the RoCE v2 GIDs of the pod's addresses (tenant-settable, bounded).
     #[serde(default)]
     pub roce_gid_wait_ms: Option<u64>,
@@ -66,18 +62,13 @@ impl MacvlanConf {
 
     /// The MTU to give the macvlan: absent or 0 means the parent's; more than the parent's is an error.
     pub fn mtu(&self, master: &str, master_mtu: u32) -> Result<u32, Error> {
-        match self.mtu {
-            None | Some(0) => Ok(master_mtu),
+        match self.iface.mtu() {
+            None => Ok(master_mtu),
             Some(m) if m > master_mtu => {
                 Err(Error::invalid_config(format!("invalid MTU {m}, must be [0, master MTU({master_mtu})]"))
                     .with_details(format!("\"mtu\" {m} is larger than the MTU {master_mtu} of master {master:?}")))
             }
             Some(m) => Ok(m),
         }
-    }
-
-    /// The multi-rail routing table, when multi-rail is on.
-    pub fn rail_table(&self, ifname: &str) -> Option<u32> {
-        self.multi_rail.then(|| self.route_table.unwrap_or_else(|| plexus_net::configure::multi_rail_table(ifname)))
     }
 }

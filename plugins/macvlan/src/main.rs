@@ -19,7 +19,7 @@ use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::policy::Allowed;
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code};
 use plexus_net::check::{self, failed};
-use plexus_net::configure::{self, IfaceSetup};
+use plexus_net::configure;
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Link, LinkChange, LinkSocket, Netns, NewMacvlan, roce};
 
@@ -119,9 +119,7 @@ impl Plugin for Macvlan {
 
     fn check(&self, req: &Request) -> Result<(), Error> {
         let conf = MacvlanConf::load(req)?;
-        let prev = req.config.prev_result()?.ok_or_else(|| {
-            Error::invalid_config("Required prevResult missing").with_details("CHECK needs prevResult")
-        })?;
+        let prev = req.config.prev_result_for_check()?;
         forward_to_ipam(req, Command::Check)?;
         let pod = Netns::open(req.netns().expect("CHECK has CNI_NETNS"))?;
         configure::runtime()?.block_on(check_attachment(req, &conf, &prev, &pod))
@@ -216,31 +214,18 @@ async fn attach(
     let l2_only = matches!(ipam, IpamStep::None);
     let rename = LinkChange {
         name: Some(ifname),
-        ipv4_conf: Some(configure::ipv4_conf(conf.multi_rail)),
+        ipv4_conf: Some(conf.iface.ipv4_conf()),
         up: l2_only.then_some(true),
         ..Default::default()
     };
     sock.set_link(link.index, &rename).await.map_err(|e| {
         if e.is_exists() {
-            Error::new(code::IFNAME_TAKEN, format!("interface {ifname:?} already exists in the container"))
-                .with_details(format!("netns {}", pod.path().display()))
+            configure::ifname_taken(ifname, pod)
         } else {
             Error::from(e).context(format!("rename {} to {ifname}", link.name))
         }
     })?;
-    let mut result = ipam.result(&req.env, &req.config)?;
-    for ip in &mut result.ips {
-        ip.interface = Some(0);
-    }
-    let setup = IfaceSetup {
-        ifname,
-        index: link.index,
-        result: &result,
-        dad: conf.dad,
-        multi_rail_table: conf.rail_table(ifname),
-        is_up: l2_only,
-    };
-    configure::configure(pod, sock, &setup).await.map_err(|e| Error::from(e).context(format!("configure {ifname}")))?;
+    let mut result = configure::apply_ipam(req, ipam, pod, sock, &conf.iface, link.index, l2_only).await?;
     tracing::debug!(ifname, master = %master.name, "attached");
     result.interfaces = vec![Interface {
         name: ifname.to_string(),
@@ -249,9 +234,6 @@ async fn attach(
         sandbox: Some(pod.path().display().to_string()),
         ..Default::default()
     }];
-    if let Some(dns) = req.config.dns.as_ref().filter(|d| !d.is_empty()) {
-        result.dns = dns.clone();
-    }
     Ok(result)
 }
 
@@ -262,7 +244,7 @@ async fn undo_add(req: &Request, conf: &MacvlanConf, sock: &LinkSocket, link: &L
     if let Err(e) = sock.delete_link(link.index).await {
         tracing::error!("rollback: delete link: {e}");
     }
-    if let Some(table) = conf.rail_table(&req.env.ifname)
+    if let Some(table) = conf.iface.rail_table(&req.env.ifname)
         && let Err(e) = configure::remove_rules(sock, table).await
     {
         tracing::error!("rollback: remove rules: {e}");
@@ -301,7 +283,7 @@ fn delete_link(conf: &MacvlanConf, netns: &std::path::Path, env: &plexus_cni::Cn
                 _ => tracing::info!(link = %link.name, "removed a macvlan a killed ADD left"),
             }
         }
-        if let Some(table) = conf.rail_table(ifname) {
+        if let Some(table) = conf.iface.rail_table(ifname) {
             configure::remove_rules(&sock, table).await?;
         }
         Ok(())
@@ -343,7 +325,7 @@ async fn check_attachment(req: &Request, conf: &MacvlanConf, prev: &CniResult, p
         return Err(failed(format!("{ifname} has MTU {}, expected {want_mtu}", link.mtu)));
     }
     check::mac_and_addresses(&sock, &link, ifname, prev, idx).await?;
-    let table = conf.rail_table(ifname);
+    let table = conf.iface.rail_table(ifname);
     let routes = sock.all_routes().await?;
     for r in &prev.routes {
         let want_table = table.or(r.table).unwrap_or(plexus_net::link::MAIN_TABLE);
