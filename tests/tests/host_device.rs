@@ -189,10 +189,14 @@ fn bad_selection_fails_with_its_code_and_changes_nothing() {
     assert_eq!(out.error().0, 4);
     // The interface name taken in the pod: the device stays on the host.
     rig.lab.pod.ip(&["link", "add", "net1", "type", "veth", "peer", "name", "x1"]);
+    let pods_own = rig.lab.pod.link("net1").expect("the pod's net1").address;
     let (code, msg, _) = rig.run("ADD", &rig.conf("1.0.0", json!({"device": "ens1f0"}))).error();
     assert_eq!((code, msg.as_str()), (103, "interface \"net1\" already exists in the container"));
     assert_eq!(rig.host("ens1f0"), before);
     assert_eq!(rig.state_files(), 0);
+    // The pod keeps its own net1 (not handed to the node in the device's place), and has nothing else.
+    assert_eq!(rig.lab.pod.link("net1").map(|l| l.address), Some(pods_own));
+    assert!(rig.lab.pod.link("ens1f0").is_none());
 }
 
 #[test]

@@ -194,23 +194,24 @@ impl IpamStep {
         outcome.map(Option::unwrap_or_default)
     }
 
-    /// Undo: wait for an ADD still running, then DEL if an ADD ran. Errors are logged: a
-    /// rollback reports the error that caused it.
-    pub fn roll_back(self, env: &CniEnv, config: &crate::NetConf) {
+    /// Undo: wait for an ADD still running, then DEL if an ADD ran.
+    pub fn roll_back(self, env: &CniEnv, config: &crate::NetConf) -> Result<(), Error> {
         let ran = match self {
             IpamStep::None | IpamStep::Pending(_) => false,
             IpamStep::Running(r) => {
+                // Its outcome does not matter: whatever it took is released below.
                 let _ = r.wait();
                 true
             }
             IpamStep::Ran => true,
         };
-        if ran && let Some(t) = config.ipam_type() {
-            let mut del_env = env.clone();
-            del_env.command = Command::Del;
-            if let Err(e) = exec(t, Command::Del, &del_env, &config.to_value()) {
-                tracing::error!("rollback: IPAM DEL failed: {e}");
+        match config.ipam_type() {
+            Some(t) if ran => {
+                let mut del_env = env.clone();
+                del_env.command = Command::Del;
+                exec(t, Command::Del, &del_env, &config.to_value()).map(|_| ()).map_err(|e| e.context("IPAM DEL"))
             }
+            _ => Ok(()),
         }
     }
 }

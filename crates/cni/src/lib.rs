@@ -19,6 +19,7 @@ pub mod plugin;
 pub mod policy;
 pub mod result;
 pub mod runtime;
+pub mod undo;
 pub mod version;
 
 pub use config::{ConfList, Ipam, NetConf};

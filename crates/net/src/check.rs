@@ -3,7 +3,8 @@
 
 use plexus_cni::{CniResult, Error, code};
 
-use crate::link::{Link, LinkSocket};
+use crate::kernel::Kernel;
+use crate::link::Link;
 use crate::netns::Netns;
 
 pub fn failed(what: String) -> Error {
@@ -20,7 +21,7 @@ pub fn prev_interface(prev: &CniResult, ifname: &str, pod: &Netns) -> Result<usi
 }
 
 /// The link `ifname` in the pod (`sock` is the pod's socket).
-pub async fn pod_link(sock: &LinkSocket, ifname: &str, pod: &Netns) -> Result<Link, Error> {
+pub async fn pod_link(sock: &impl Kernel, ifname: &str, pod: &Netns) -> Result<Link, Error> {
     sock.link(ifname)
         .await?
         .ok_or_else(|| failed(format!("interface {ifname:?} not found in {}", pod.path().display())))
@@ -28,7 +29,7 @@ pub async fn pod_link(sock: &LinkSocket, ifname: &str, pod: &Netns) -> Result<Li
 
 /// The link has the MAC prevResult gives interface `idx`, and every address prevResult assigns it.
 pub async fn mac_and_addresses(
-    sock: &LinkSocket,
+    sock: &impl Kernel,
     link: &Link,
     ifname: &str,
     prev: &CniResult,
@@ -39,7 +40,7 @@ pub async fn mac_and_addresses(
     {
         return Err(failed(format!("{ifname} has MAC {:?}, prevResult says {mac}", link.mac_string())));
     }
-    let have: Vec<_> = sock.addresses(link.index).await?.into_iter().map(|(a, _)| a).collect();
+    let have: Vec<_> = sock.addresses(link.index).await?.into_iter().map(|a| a.net).collect();
     match prev.ips.iter().filter(|i| i.interface == Some(idx)).find(|ip| !have.contains(&ip.address)) {
         Some(ip) => Err(failed(format!("{ifname} lacks address {}", ip.address))),
         None => Ok(()),

@@ -12,7 +12,8 @@ use ipnetwork::IpNetwork;
 use plexus_cni::CniResult;
 
 use crate::error::{NetError, Result};
-use crate::link::{Ipv4Conf, LinkChange, LinkSocket, MAIN_TABLE, RouteSpec, RuleSpec};
+use crate::kernel::Kernel;
+use crate::link::{Dad, Ipv4Conf, LinkChange, MAIN_TABLE, RouteSpec, RuleSpec};
 use crate::netns::{Netns, sysctl};
 
 /// Priority of the multi-rail source rules: ahead of `main` (32766).
@@ -38,7 +39,7 @@ pub fn multi_rail_table(ifname: &str) -> u32 {
     10_000 + h % 50_000
 }
 
-/// The interface keys of every attaching plugin's config (flattened into it): `mtu`,
+/// The interface keys of every attaching plugin's config: `mtu`,
 /// `multiRail`, `routeTable`, `dad`. Who may set them: whoever writes the network config (a NAD's
 /// author); they shape only the pod's own interface.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -59,6 +60,11 @@ pub struct IfaceKeys {
 }
 
 impl IfaceKeys {
+    /// The keys, from the plugin's whole network config (the plugin's own keys are ignored here).
+    pub fn load(req: &plexus_cni::Request) -> std::result::Result<IfaceKeys, plexus_cni::Error> {
+        req.config_as()
+    }
+
     /// The MTU the config asks for (0 is "not set", as in the reference plugins).
     pub fn mtu(&self) -> Option<u32> {
         self.mtu.filter(|m| *m != 0)
@@ -90,8 +96,7 @@ pub fn ifname_taken(ifname: &str, pod: &Netns) -> plexus_cni::Error {
 pub async fn apply_ipam(
     req: &plexus_cni::Request,
     ipam: &mut plexus_cni::delegate::IpamStep,
-    pod: &Netns,
-    sock: &LinkSocket,
+    sock: &impl Kernel,
     keys: &IfaceKeys,
     index: u32,
     is_up: bool,
@@ -103,9 +108,7 @@ pub async fn apply_ipam(
     }
     let setup =
         IfaceSetup { ifname, index, result: &result, dad: keys.dad, multi_rail_table: keys.rail_table(ifname), is_up };
-    configure(pod, sock, &setup)
-        .await
-        .map_err(|e| plexus_cni::Error::from(e).context(format!("configure {ifname}")))?;
+    configure(sock, &setup).await.map_err(|e| plexus_cni::Error::from(e).context(format!("configure {ifname}")))?;
     if let Some(dns) = req.config.dns.as_ref().filter(|d| !d.is_empty()) {
         result.dns = dns.clone();
     }
@@ -207,10 +210,10 @@ pub fn rules_for(setup: &IfaceSetup<'_>) -> Vec<RuleSpec> {
 
 /// Configure the named interface (its [`ipv4_conf`] already applied): IPv6 settings, addresses,
 /// up, routes, rules; then the DAD wait if asked.
-pub async fn configure(pod: &Netns, sock: &LinkSocket, setup: &IfaceSetup<'_>) -> Result<()> {
-    pod.write_sysctls(&ipv6_sysctls_for(setup))?;
+pub async fn configure(sock: &impl Kernel, setup: &IfaceSetup<'_>) -> Result<()> {
+    sock.write_sysctls(&ipv6_sysctls_for(setup))?;
     for ip in &setup.result.ips {
-        sock.add_address(setup.index, ip.address, !setup.dad).await?;
+        sock.add_address(setup.index, ip.address, Dad::run_if(setup.dad)).await?;
     }
     if !setup.is_up {
         sock.set_link(setup.index, &LinkChange { up: Some(true), ..Default::default() }).await?;
@@ -227,11 +230,11 @@ pub async fn configure(pod: &Netns, sock: &LinkSocket, setup: &IfaceSetup<'_>) -
     Ok(())
 }
 
-async fn wait_for_dad(sock: &LinkSocket, index: u32, ifname: &str) -> Result<()> {
+async fn wait_for_dad(sock: &impl Kernel, index: u32, ifname: &str) -> Result<()> {
     let deadline = Instant::now() + DAD_TIMEOUT;
     loop {
         let addrs = sock.addresses(index).await?;
-        if !addrs.iter().any(|(a, tentative)| a.is_ipv6() && *tentative) {
+        if !addrs.iter().any(|a| a.net.is_ipv6() && a.tentative) {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -245,7 +248,7 @@ async fn wait_for_dad(sock: &LinkSocket, index: u32, ifname: &str) -> Result<()>
 }
 
 /// Remove the multi-rail rules that point at `table` (the routes went with the link).
-pub async fn remove_rules(sock: &LinkSocket, table: u32) -> Result<()> {
+pub async fn remove_rules(sock: &impl Kernel, table: u32) -> Result<()> {
     for rule in sock.rules().await?.into_iter().filter(|r| r.table == table) {
         match sock.delete_rule(&rule).await {
             Err(e) if !e.is_not_found() => return Err(e),

@@ -28,6 +28,12 @@ impl Netns {
         Netns::open(Path::new("/proc/thread-self/ns/net"))
     }
 
+    /// Another handle on the same namespace.
+    pub fn try_clone(&self) -> Result<Netns> {
+        let file = self.file.try_clone().map_err(|e| NetError::io(format!("dup netns handle {:?}", self.path), e))?;
+        Ok(Netns { file, path: self.path.clone() })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

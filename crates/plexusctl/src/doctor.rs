@@ -108,7 +108,7 @@ fn check_parent(parent: &str, mtu: Option<u32>, out: &mut Vec<Finding>) -> Resul
             out.push(ok(format!("{parent} has RDMA device {rdma}")));
             let addrs = configure::runtime()?
                 .block_on(async { LinkSocket::current()?.addresses(link.index).await.map_err(anyhow::Error::from) })?;
-            check_gids(&sysfs, parent, rdma, &addrs.iter().map(|(n, _)| n.ip()).collect::<Vec<_>>(), out);
+            check_gids(&sysfs, parent, rdma, &addrs.iter().map(|a| a.net.ip()).collect::<Vec<_>>(), out);
             match RdmaSocket::open().and_then(|mut s| s.netns_mode()) {
                 Ok(NetnsMode::Exclusive) => {
                     out.push(ok("RDMA netns mode: exclusive (host-device moves RDMA devices into pods)"))

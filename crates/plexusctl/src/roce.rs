@@ -49,7 +49,7 @@ fn pod_addresses(netns: &Netns) -> Result<BTreeMap<IpAddr, String>> {
             if link.name == "lo" {
                 continue;
             }
-            for (net, _) in sock.addresses(link.index).await? {
+            for plexus_net::Address { net, .. } in sock.addresses(link.index).await? {
                 let a = net.ip();
                 let link_local = matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local());
                 if !a.is_loopback() && !link_local {

@@ -8,7 +8,7 @@ use plexus_cni::files::SafeDir;
 use plexus_cni::{Error, Request};
 use plexus_net::link::{format_mac, parse_mac};
 use plexus_net::sysfs::Sysfs;
-use plexus_net::{Link, LinkSocket};
+use plexus_net::{Kernel, Link};
 use serde::Deserialize;
 
 /// Drivers that mean the device is used from user space (DPDK): it is not moved.
@@ -28,8 +28,9 @@ pub struct HostDeviceConf {
     /// Injected by Multus for `resourceName` NADs.
     #[serde(default, rename = "deviceID")]
     pub device_id: Option<String>,
-    /// `mtu`, `multiRail`, `routeTable`, `dad`.
-    #[serde(flatten)]
+    /// `mtu`, `multiRail`, `routeTable`, `dad`: read on their own from the same config, so a
+    /// type error still names its key (serde's `flatten` loses the path).
+    #[serde(skip)]
     pub iface: plexus_net::configure::IfaceKeys,
     /// Where state files go: admin-chosen, beneath the node policy's `dataRoots`.
     #[serde(default = "default_data_dir")]
@@ -71,7 +72,8 @@ fn is_pci(s: &str) -> bool {
 
 impl HostDeviceConf {
     pub fn load(req: &Request) -> Result<HostDeviceConf, Error> {
-        let conf: HostDeviceConf = req.config_as()?;
+        let mut conf: HostDeviceConf = req.config_as()?;
+        conf.iface = plexus_net::configure::IfaceKeys::load(req)?;
         if let Some(name) = &conf.device {
             plexus_cni::env::validate_ifname(name)
                 .map_err(|e| Error::invalid_config(format!("invalid \"device\" {name:?}: {}", e.msg)))?;
@@ -91,7 +93,7 @@ impl HostDeviceConf {
 
     /// Resolve the selectors (reference order: device, hwaddr, kernelpath, pciBusID, deviceID);
     /// every one given must name the same single device.
-    pub async fn select(&self, req: &Request, sysfs: &Sysfs, node: &LinkSocket) -> Result<Selected, Error> {
+    pub async fn select(&self, req: &Request, sysfs: &Sysfs, node: &impl Kernel) -> Result<Selected, Error> {
         let mut picks: Vec<(String, Vec<String>)> = Vec::new();
         if let Some(d) = &self.device {
             picks.push((format!("device={d}"), vec![d.clone()]));

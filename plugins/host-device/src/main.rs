@@ -5,7 +5,7 @@
 //! start IPAM → ONE move into the pod, already named CNI_IFNAME, with its MTU, marker alias and
 //! IPv4 settings → its RDMA device follows when the subsystem is exclusive → IPAM result →
 //! addresses, up, routes (multi-rail) → device-info (with the RoCE GIDs of the pod's addresses) →
-//! result. Any failure puts everything back.
+//! result. Each completed step goes on an undo stack ([`Undo`]): a failure undoes them last first.
 //! DEL: IPAM DEL → the device (in the pod; or back in the node namespace already, e.g. returned by
 //! the kernel when the pod namespace died) moved back with its RDMA device and its name, MTU,
 //! MAC, alias, addresses and admin state restored. Succeeds when anything is already gone.
@@ -13,17 +13,23 @@
 mod conf;
 mod rdma;
 mod state;
+#[cfg(test)]
+mod tests;
 
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use conf::{HostDeviceConf, Selected};
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::policy::Allowed;
+use plexus_cni::undo::Undo;
 use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
 use plexus_net::check;
 use plexus_net::configure;
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
-use plexus_net::{Link, LinkChange, LinkSocket, Netns, roce};
+use plexus_net::{Kernel, Link, LinkChange, LinkSocket, Netns, roce};
 use state::HostState;
 
 struct HostDevice;
@@ -77,105 +83,23 @@ impl Plugin for HostDevice {
         let sysfs = Sysfs::from_env();
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
         let node = Netns::current()?;
-        let ifname = req.env.ifname.as_str();
         configure::runtime()?.block_on(async {
             let node_sock = LinkSocket::current()?;
             let pod_sock = LinkSocket::open(&pod)?;
-            let link = match conf.select(req, &sysfs, &node_sock).await? {
-                Selected::Dpdk { pci, driver } => {
-                    allowed(req, &pci, Some(&pci), None)?;
-                    // Used from user space: not moved; IPAM still runs, the result names the device.
-                    tracing::info!(%pci, %driver, "DPDK device: not moved");
-                    let mut result = IpamStep::start_early(&req.env, &req.config)?.result(&req.env, &req.config)?;
-                    result.interfaces = vec![result_interface(ifname, None, &pod, Some(pci.clone()))];
-                    if let Some(path) = &info_file {
-                        let hw = plexus_net::sysfs::NetdevHardware { pci_address: Some(pci), ..Default::default() };
-                        write_device_info(path, &device_info_pci(&hw).expect("pci address"))?;
-                    }
-                    return Ok(result);
-                }
-                Selected::Netdev(link) => link,
+            let add = Add {
+                req,
+                conf: &conf,
+                sysfs: &sysfs,
+                pod: &pod,
+                node: &node,
+                node_sock: &node_sock,
+                pod_sock: &pod_sock,
+                info_file: info_file.as_deref(),
+                gid_wait: wait,
             };
-            let hw = sysfs.netdev_hardware(&link.name);
-            allowed(req, &link.name, hw.pci_address.as_deref(), Some(&link.name))?;
-            let data_dir = conf.data_dir(req)?;
-            let tag = state::attachment_tag(&req.env.container_id, ifname);
-            let mut host = HostState::capture(&node_sock, &link, hw.pci_address.clone(), &tag).await?;
-            host.netns = Some(pod.path().to_path_buf());
-            let state_path = state::path(&data_dir, &req.env.container_id, ifname);
-            state::save(&state_path, &host)?;
-            let mut ipam = IpamStep::start_early(&req.env, &req.config)?;
-            let l2_only = matches!(ipam, IpamStep::None);
-            let marker = host.marker();
-            // One move: the kernel renames it on the way in (a name taken in the pod fails the
-            // move and leaves the device where it is), then MTU, marker and IPv4 settings.
-            let move_in = LinkChange {
-                netns: Some(&pod),
-                name: Some(ifname),
-                mtu: conf.iface.mtu(),
-                alias: Some(&marker),
-                ipv4_conf: Some(conf.iface.ipv4_conf()),
-                up: l2_only.then_some(true),
-                ..Default::default()
-            };
-            if let Err(e) = node_sock.set_link(link.index, &move_in).await {
-                ipam.roll_back(&req.env, &req.config);
-                let _ = files::remove_if_present(&state_path);
-                // The move may have happened before a later attribute failed: put it back.
-                if let Ok(Some(moved)) = pod_sock.link(ifname).await {
-                    let _ = state::return_to_host(Some(&pod_sock), &node_sock, &node, &moved, Some(&host)).await;
-                }
-                return Err(if e.is_exists() {
-                    configure::ifname_taken(ifname, &pod)
-                } else {
-                    Error::from(e).context(format!("move {} into the pod", link.name))
-                });
-            }
-            let moved = pod_sock
-                .link(ifname)
-                .await?
-                .ok_or_else(|| Error::kernel(format!("{} is not in the pod after the move", link.name)))?;
-            // The state rewritten with what the attachment added, and the device-info file, are
-            // part of the ADD: a failure of either (a full disk) rolls everything back too.
-            // Its RDMA device follows, then IPAM's result is applied.
-            let attached = async {
-                if let Some(dev) = hw.rdma_device.as_deref() {
-                    host.rdma_moved = rdma::move_in(conf.rdma, dev, &pod)?;
-                }
-                configure::apply_ipam(req, &mut ipam, &pod, &pod_sock, &conf.iface, moved.index, l2_only).await
-            }
-            .await
-            .and_then(|result| state::save(&state_path, &host).map(|()| result))
-            .and_then(|result| match (&info_file, device_info_pci(&hw)) {
-                (Some(path), Some(doc)) => {
-                    let gids = roce_gids(&sysfs, &pod, &host, hw.rdma_device.as_deref(), &result, wait);
-                    write_device_info(path, &roce::with_gids(doc, &gids)).map(|()| result)
-                }
-                _ => Ok(result),
-            });
-            match attached {
-                Ok(mut result) => {
-                    result.interfaces = vec![result_interface(ifname, Some(&moved), &pod, hw.pci_address.clone())];
-                    Ok(result)
-                }
-                Err(e) => {
-                    ipam.roll_back(&req.env, &req.config);
-                    if let Some(r) = &host.rdma_moved
-                        && let Err(back) = rdma::move_back(&pod, &node, r)
-                    {
-                        tracing::error!("rollback: RDMA device {r}: {back}");
-                    }
-                    if let Err(back) =
-                        state::return_to_host(Some(&pod_sock), &node_sock, &node, &moved, Some(&host)).await
-                    {
-                        tracing::error!("rollback: {back}");
-                    }
-                    let _ = files::remove_if_present(&state_path);
-                    if let Some(path) = &info_file {
-                        let _ = files::remove_if_present(path);
-                    }
-                    Err(e)
-                }
+            match conf.select(req, &sysfs, &node_sock).await? {
+                Selected::Dpdk { pci, driver } => add.dpdk(pci, driver),
+                Selected::Netdev(link) => add.run(&link).await,
             }
         })
     }
@@ -244,6 +168,170 @@ impl Plugin for HostDevice {
         } else {
             Err(Error::new(code::KERNEL, "GC could not restore every device").with_details(errors.join("; ")))
         }
+    }
+}
+
+/// One ADD once the device is chosen: the pod, the node, and what the config asks.
+struct Add<'a, K> {
+    req: &'a Request,
+    conf: &'a HostDeviceConf,
+    sysfs: &'a Sysfs,
+    pod: &'a Netns,
+    node: &'a Netns,
+    node_sock: &'a K,
+    pod_sock: &'a K,
+    info_file: Option<&'a Path>,
+    gid_wait: Duration,
+}
+
+/// A completed step of ADD, and what undoing it takes.
+#[derive(Debug)]
+enum Step {
+    /// The state file was written: remove it.
+    StateFile(PathBuf),
+    /// IPAM ADD started: release the address (IPAM DEL).
+    Ipam,
+    /// The move into the pod was sent: the device goes back to the node, as it was — found by
+    /// this attachment's marker, or (moved, then its rename or alias failed) by its host name and
+    /// MAC ([`state::find_moved`]); a link of the pod's own is never taken.
+    Moved { device: String },
+    /// Its RDMA device followed: move it back.
+    Rdma(String),
+    /// The device-info file was written: remove it.
+    DeviceInfo(PathBuf),
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::StateFile(p) => write!(f, "remove state file {}", p.display()),
+            Step::Ipam => write!(f, "release the address (IPAM DEL)"),
+            Step::Moved { device } => write!(f, "return {device} to the node"),
+            Step::Rdma(dev) => write!(f, "move RDMA device {dev} back"),
+            Step::DeviceInfo(p) => write!(f, "remove device-info file {}", p.display()),
+        }
+    }
+}
+
+impl<K: Kernel> Add<'_, K> {
+    /// A PCI function bound to a DPDK driver is used from user space: not moved; IPAM still runs,
+    /// the result names the device.
+    fn dpdk(&self, pci: String, driver: String) -> Result<CniResult, Error> {
+        allowed(self.req, &pci, Some(&pci), None)?;
+        tracing::info!(%pci, %driver, "DPDK device: not moved");
+        let ifname = self.req.env.ifname.as_str();
+        let mut result =
+            IpamStep::start_early(&self.req.env, &self.req.config)?.result(&self.req.env, &self.req.config)?;
+        result.interfaces = vec![result_interface(ifname, None, self.pod, Some(pci.clone()))];
+        if let Some(path) = self.info_file {
+            let hw = plexus_net::sysfs::NetdevHardware { pci_address: Some(pci), ..Default::default() };
+            write_device_info(path, &device_info_pci(&hw).expect("pci address"))?;
+        }
+        Ok(result)
+    }
+
+    /// The whole ADD of a netdev; on failure every completed step is undone, last first.
+    async fn run(&self, link: &Link) -> Result<CniResult, Error> {
+        let hw = self.sysfs.netdev_hardware(&link.name);
+        allowed(self.req, &link.name, hw.pci_address.as_deref(), Some(&link.name))?;
+        let data_dir = self.conf.data_dir(self.req)?;
+        let ifname = self.req.env.ifname.as_str();
+        let tag = state::attachment_tag(&self.req.env.container_id, ifname);
+        let mut host = HostState::capture(self.node_sock, link, hw.pci_address.clone(), &tag).await?;
+        host.netns = Some(self.pod.path().to_path_buf());
+        let state_path = state::path(&data_dir, &self.req.env.container_id, ifname);
+        let mut undo = Undo::new();
+        let mut ipam = IpamStep::None;
+        match self.steps(link, &hw, &state_path, &mut host, &mut ipam, &mut undo).await {
+            Ok(result) => {
+                undo.commit();
+                Ok(result)
+            }
+            Err(e) => Err(undo
+                .unwind_async(e, async |step| match step {
+                    Step::StateFile(path) | Step::DeviceInfo(path) => files::remove_if_present(&path),
+                    Step::Ipam => {
+                        std::mem::replace(&mut ipam, IpamStep::None).roll_back(&self.req.env, &self.req.config)
+                    }
+                    Step::Moved { .. } => match state::find_moved(self.pod_sock, ifname, &host).await? {
+                        Some(moved) => {
+                            state::return_to_host(Some(self.pod_sock), self.node_sock, self.node, &moved, Some(&host))
+                                .await
+                        }
+                        None => Ok(()),
+                    },
+                    Step::Rdma(dev) => rdma::move_back(self.pod, self.node, &dev),
+                })
+                .await),
+        }
+    }
+
+    async fn steps(
+        &self,
+        link: &Link,
+        hw: &plexus_net::sysfs::NetdevHardware,
+        state_path: &Path,
+        host: &mut HostState,
+        ipam: &mut IpamStep,
+        undo: &mut Undo<Step>,
+    ) -> Result<CniResult, Error> {
+        let ifname = self.req.env.ifname.as_str();
+        // A name taken in the pod fails first, before anything moves or IPAM runs: the kernel would move the
+        // device first and fail its rename in the pod, leaving it there under its host name.
+        if self.pod_sock.link(ifname).await?.is_some() {
+            return Err(configure::ifname_taken(ifname, self.pod));
+        }
+        state::save(state_path, host)?;
+        undo.push(Step::StateFile(state_path.to_path_buf()));
+        *ipam = IpamStep::start_early(&self.req.env, &self.req.config)?;
+        if !matches!(ipam, IpamStep::None) {
+            undo.push(Step::Ipam);
+        }
+        let l2_only = matches!(ipam, IpamStep::None);
+        let marker = host.marker();
+        // One move: the kernel renames it on the way in, then MTU, marker and IPv4 settings.
+        let move_in = LinkChange {
+            netns: Some(self.pod),
+            name: Some(ifname),
+            mtu: self.conf.iface.mtu(),
+            alias: Some(&marker),
+            ipv4_conf: Some(self.conf.iface.ipv4_conf()),
+            up: l2_only.then_some(true),
+            ..Default::default()
+        };
+        // The move may happen before a later attribute fails: undone either way.
+        undo.push(Step::Moved { device: link.name.clone() });
+        self.node_sock.set_link(link.index, &move_in).await.map_err(|e| {
+            if e.is_exists() {
+                configure::ifname_taken(ifname, self.pod)
+            } else {
+                Error::from(e).context(format!("move {} into the pod", link.name))
+            }
+        })?;
+        let moved = self
+            .pod_sock
+            .link(ifname)
+            .await?
+            .ok_or_else(|| Error::kernel(format!("{} is not in the pod after the move", link.name)))?;
+        // Its RDMA device follows, then IPAM's result is applied.
+        if let Some(dev) = hw.rdma_device.as_deref() {
+            host.rdma_moved = rdma::move_in(self.conf.rdma, dev, self.pod)?;
+            if let Some(r) = &host.rdma_moved {
+                undo.push(Step::Rdma(r.clone()));
+            }
+        }
+        let mut result =
+            configure::apply_ipam(self.req, ipam, self.pod_sock, &self.conf.iface, moved.index, l2_only).await?;
+        // The state rewritten with what the attachment added, and the device-info file, are part
+        // of the ADD: a failure of either (a full disk) undoes everything too.
+        state::save(state_path, host)?;
+        if let (Some(path), Some(doc)) = (self.info_file, device_info_pci(hw)) {
+            let gids = roce_gids(self.sysfs, self.pod, host, hw.rdma_device.as_deref(), &result, self.gid_wait);
+            write_device_info(path, &roce::with_gids(doc, &gids))?;
+            undo.push(Step::DeviceInfo(path.to_path_buf()));
+        }
+        result.interfaces = vec![result_interface(ifname, Some(&moved), self.pod, hw.pci_address.clone())];
+        Ok(result)
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use ipnetwork::IpNetwork;
 use plexus_cni::files::SafeDir;
 use plexus_cni::{Error, files};
-use plexus_net::{Link, LinkChange, LinkSocket, Netns};
+use plexus_net::{Dad, Kernel, Link, LinkChange, Netns};
 use serde::{Deserialize, Serialize};
 
 /// The alias a moved device carries: `plexus-host-device:<host name>:<attachment tag>`, so DEL
@@ -72,12 +72,12 @@ pub struct HostState {
 }
 
 impl HostState {
-    pub async fn capture(sock: &LinkSocket, link: &Link, pci: Option<String>, tag: &str) -> Result<HostState, Error> {
+    pub async fn capture(sock: &impl Kernel, link: &Link, pci: Option<String>, tag: &str) -> Result<HostState, Error> {
         let addresses = sock
             .addresses(link.index)
             .await?
             .into_iter()
-            .map(|(a, _)| a)
+            .map(|a| a.net)
             // The kernel makes link-local IPv6 addresses itself.
             .filter(|a| !matches!(a, IpNetwork::V6(v6) if v6.ip().is_unicast_link_local()))
             .collect();
@@ -117,7 +117,7 @@ pub fn load(path: &Path) -> Option<HostState> {
 /// The moved device in the namespace of `sock`: only a link carrying this attachment's marker —
 /// by its given name first, else by scanning (the pod may have renamed it). A link without the
 /// marker is never taken, whatever its name: it is not a device this attachment moved.
-pub async fn find(sock: &LinkSocket, ifname: &str, mark: &Mark) -> Result<Option<Link>, Error> {
+pub async fn find(sock: &impl Kernel, ifname: &str, mark: &Mark) -> Result<Option<Link>, Error> {
     if let Some(l) = sock.link(ifname).await?
         && mark.matches(l.alias.as_deref())
     {
@@ -126,12 +126,23 @@ pub async fn find(sock: &LinkSocket, ifname: &str, mark: &Mark) -> Result<Option
     Ok(sock.links().await?.into_iter().find(|l| mark.matches(l.alias.as_deref())))
 }
 
+/// The device an ADD moved into the pod (`sock`), also when the move went through but a later
+/// attribute of the same request failed: by its marker (as [`find`]), else under its host name
+/// with its host MAC — the kernel moves first and renames after, so a failed rename leaves it
+/// there under the name it had on the node.
+pub async fn find_moved(sock: &impl Kernel, ifname: &str, host: &HostState) -> Result<Option<Link>, Error> {
+    if let Some(l) = find(sock, ifname, &Mark::Exact(host.marker())).await? {
+        return Ok(Some(l));
+    }
+    Ok(sock.link(&host.name).await?.filter(|l| l.mac_string() == host.mac))
+}
+
 /// Move the device back from the pod into the node namespace under its host name, then restore
 /// MTU, MAC, alias, addresses and admin state there. With `state` missing, the name comes from
 /// the marker alias and the rest stays as it is (all that is known).
-pub async fn return_to_host(
-    pod_sock: Option<&LinkSocket>,
-    node_sock: &LinkSocket,
+pub async fn return_to_host<K: Kernel>(
+    pod_sock: Option<&K>,
+    node_sock: &K,
     node: &Netns,
     link: &Link,
     state: Option<&HostState>,
@@ -176,11 +187,11 @@ pub async fn return_to_host(
     let mac = s.mac.as_deref().and_then(plexus_net::link::parse_mac);
     let restore = LinkChange { mtu: Some(s.mtu), mac, ..Default::default() };
     node_sock.set_link(index, &restore).await.map_err(|e| Error::from(e).context(format!("restore {}", s.name)))?;
-    let present: Vec<IpNetwork> = node_sock.addresses(index).await?.into_iter().map(|(a, _)| a).collect();
+    let present: Vec<IpNetwork> = node_sock.addresses(index).await?.into_iter().map(|a| a.net).collect();
     for a in &s.addresses {
         if !present.contains(a) {
             node_sock
-                .add_address(index, *a, true)
+                .add_address(index, *a, Dad::Skip)
                 .await
                 .map_err(|e| Error::from(e).context(format!("restore address {a}")))?;
         }

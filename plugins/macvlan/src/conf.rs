@@ -2,9 +2,9 @@
 //! `routeTable`, `dad` and `roceGidWaitMs`.
 
 use plexus_cni::{Error, Request};
-use plexus_net::MacvlanMode;
 use plexus_net::configure::IfaceKeys;
 use plexus_net::link::parse_mac;
+use plexus_net::{Link, MacvlanMode, Netns, NewMacvlan};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -20,8 +20,9 @@ pub struct MacvlanConf {
     pub link_in_container: bool,
     #[serde(default)]
     pub bcqueuelen: Option<u32>,
-    /// `mtu`, `multiRail`, `routeTable`, `dad`.
-    #[serde(flatten)]
+    /// `mtu`, `multiRail`, `routeTable`, `dad`: read on their own from the same config, so a
+    /// type error still names its key (serde's `flatten` loses the path).
+    #[serde(skip)]
     pub iface: IfaceKeys,
     /// How long ADD waits for the RoCE v2 GIDs of the pod's addresses (tenant-settable, bounded).
     #[serde(default)]
@@ -30,7 +31,9 @@ pub struct MacvlanConf {
 
 impl MacvlanConf {
     pub fn load(req: &Request) -> Result<MacvlanConf, Error> {
-        req.config_as()
+        let mut conf: MacvlanConf = req.config_as()?;
+        conf.iface = IfaceKeys::load(req)?;
+        Ok(conf)
     }
 
     /// `mode`: the reference's set (`source` is refused, as there).
@@ -70,5 +73,24 @@ impl MacvlanConf {
             }
             Some(m) => Ok(m),
         }
+    }
+
+    /// The macvlan to create on `master` for the pod `pod` (straight in the pod's namespace,
+    /// unless the master is the pod's own); its name comes with each attempt.
+    pub fn new_macvlan<'a>(
+        &self,
+        master: &Link,
+        mac: Option<[u8; 6]>,
+        pod: &'a Netns,
+    ) -> Result<NewMacvlan<'a>, Error> {
+        Ok(NewMacvlan {
+            name: "",
+            parent_index: master.index,
+            mode: self.mode()?,
+            mtu: Some(self.mtu(&master.name, master.mtu)?),
+            mac,
+            bcqueuelen: self.bcqueuelen,
+            netns: (!self.link_in_container).then_some(pod),
+        })
     }
 }

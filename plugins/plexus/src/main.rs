@@ -14,12 +14,14 @@ mod conf;
 mod plan;
 mod pod;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use attachment::Attachment;
 use conf::MetaConf;
 use plan::{Pod, SelectionSource};
 use plexus_cni::logging;
+use plexus_cni::undo::Undo;
 use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Policy, Request, code, files};
 use plexus_k8s::api::ApiClient;
 use plexus_k8s::nad::{DirSource, NadSource};
@@ -189,19 +191,41 @@ fn copy_device_info(a: &Attachment) -> Result<(), Error> {
     Ok(())
 }
 
-/// DEL every attachment in reverse, keeping going past failures; device-info files go too (only
-/// in the policy's device-info directory).
+/// DEL every attachment in reverse, keeping going past failures.
 fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy) -> Vec<String> {
-    let mut errors = Vec::new();
-    for a in attachments.iter().rev() {
-        if let Err(e) = a.del(base) {
-            errors.push(format!("network {} ({}): {e}", a.network, a.ifname));
-        }
-        if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
-            let _ = files::remove_if_present(f);
+    attachments
+        .iter()
+        .rev()
+        .filter_map(|a| teardown(a, base, policy).err().map(|e| format!("network {} ({}): {e}", a.network, a.ifname)))
+        .collect()
+}
+
+/// DEL one attachment; its device-info file goes too (only in the policy's device-info
+/// directory), whatever the delegate answered.
+fn teardown(a: &Attachment, base: &CniEnv, policy: &Policy) -> Result<(), Error> {
+    let deleted = a.del(base);
+    if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
+        let _ = files::remove_if_present(f);
+    }
+    deleted
+}
+
+/// A completed step of the meta-plugin's ADD, and what undoing it takes.
+#[derive(Debug)]
+enum Step {
+    /// The cache file was written: remove it.
+    Cache(PathBuf),
+    /// Attachment `index` was sent its ADD (a failed one too, as the spec wants): DEL it.
+    Attachment { index: usize, network: String, ifname: String },
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Cache(p) => write!(f, "remove cache file {}", p.display()),
+            Step::Attachment { network, ifname, .. } => write!(f, "DEL network {network} ({ifname})"),
         }
     }
-    errors
 }
 
 impl Plugin for Meta {
@@ -238,44 +262,37 @@ impl Plugin for Meta {
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
         // Before any delegate runs: a crash from here on leaves what DEL needs.
         cache::save(&cache_path, &state)?;
+        let mut undo = Undo::new();
+        undo.push(Step::Cache(cache_path.clone()));
         let mut results = Vec::new();
-        for i in 0..state.attachments.len() {
-            let a = &state.attachments[i];
-            tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
-            // A device-info file that cannot be placed or a result the cache cannot record is a
-            // failed ADD too: what was added is rolled back.
-            let added = copy_device_info(a)
-                .and_then(|()| a.add(&base))
-                .and_then(|(result, raw)| cache::record_result(&cache_path, i, &raw).map(|()| (result, raw)));
-            match added {
-                Ok((result, raw)) => {
-                    state.attachments[i].result = Some(raw);
-                    results.push(result);
-                }
-                Err(e) => {
-                    let failed = format!("network {} ({})", a.network, a.ifname);
-                    let rollback = delete_all(&state.attachments[..=i], &base, &req.policy);
-                    if !rollback.is_empty() {
-                        tracing::error!("rollback after {failed} failed: {}", rollback.join("; "));
-                    }
-                    let _ = files::remove_if_present(&cache_path);
-                    return Err(e.context(format!("[{}] adding {failed}", pod.reference().unwrap_or_default())));
-                }
+        let attached = (|| {
+            for i in 0..state.attachments.len() {
+                let a = &state.attachments[i];
+                tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
+                undo.push(Step::Attachment { index: i, network: a.network.clone(), ifname: a.ifname.clone() });
+                // A device-info file that cannot be placed or a result the cache cannot record is a
+                // failed ADD too.
+                let (result, raw) = copy_device_info(a)
+                    .and_then(|()| a.add(&base))
+                    .and_then(|(result, raw)| cache::record_result(&cache_path, i, &raw).map(|()| (result, raw)))
+                    .map_err(|e| {
+                        let failed = format!("network {} ({})", a.network, a.ifname);
+                        e.context(format!("[{}] adding {failed}", pod.reference().unwrap_or_default()))
+                    })?;
+                state.attachments[i].result = Some(raw);
+                results.push(result);
             }
+            apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
+                .map_err(|e| e.context("default-route"))?;
+            write_status(&cluster, &pod, &state.attachments, &results).map_err(|e| e.context("set network-status"))
+        })();
+        if let Err(e) = attached {
+            return Err(undo.unwind(e, |step| match step {
+                Step::Cache(path) => files::remove_if_present(&path),
+                Step::Attachment { index, .. } => teardown(&state.attachments[index], &base, &req.policy),
+            }));
         }
-        let finished = apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
-            .map_err(|e| e.context("default-route"))
-            .and_then(|()| {
-                write_status(&cluster, &pod, &state.attachments, &results).map_err(|e| e.context("set network-status"))
-            });
-        if let Err(e) = finished {
-            let rollback = delete_all(&state.attachments, &base, &req.policy);
-            if !rollback.is_empty() {
-                tracing::error!("rollback after {} failed: {}", e.msg, rollback.join("; "));
-            }
-            let _ = files::remove_if_present(&cache_path);
-            return Err(e);
-        }
+        undo.commit();
         let master = state.attachments.iter().position(|a| a.master);
         Ok(match master {
             Some(i) => results.swap_remove(i),

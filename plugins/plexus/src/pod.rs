@@ -7,7 +7,7 @@ use std::path::Path;
 
 use ipnetwork::IpNetwork;
 use plexus_cni::{CniResult, Error, Route, code};
-use plexus_net::{LinkSocket, Netns};
+use plexus_net::{IpFamily, LinkSocket, Netns};
 
 use crate::attachment::Attachment;
 
@@ -67,8 +67,8 @@ impl PodNetns {
                 let before = result.routes.len();
                 result.routes.retain(|r| r.dst.prefix() != 0);
                 let mut touched = result.routes.len() != before;
-                for v4 in [true, false] {
-                    touched |= sock.delete_default_routes(link.index, v4).await? > 0;
+                for family in [IpFamily::V4, IpFamily::V6] {
+                    touched |= sock.delete_default_routes(link.index, family).await? > 0;
                 }
                 for gw in gateways {
                     let any = if gw.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };

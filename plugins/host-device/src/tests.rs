@@ -1,0 +1,180 @@
+//! plexus-host-device's ADD on the recording fake kernel (`plexus_net::fake`): the one move into
+//! the pod and what follows it, in order, and what ADD undoes when any one step fails — the device
+//! back on the node as it was, the state file gone, the address released. No root and no kernel:
+//! the IPAM delegate is a real process (a script), sysfs an empty directory (no PCI, no RDMA),
+//! the kernel a fake; `tests/tests/host_device.rs` runs the same code on real namespaces.
+
+use plexus_cni::policy::Policy;
+use plexus_net::fake::{self, FakeKernel, FakeNamespace, FakeSocket};
+use serde_json::{Value, json};
+
+use super::*;
+
+/// A node with a RoCE port (addressed, up) and an empty pod, on the fake kernel.
+struct Rig {
+    kernel: FakeKernel,
+    node_sock: FakeSocket,
+    pod_sock: FakeSocket,
+    node: Netns,
+    pod: Netns,
+    port: Link,
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        for ns in ["node", "pod"] {
+            std::fs::write(dir.path().join(ns), "").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("sys")).unwrap();
+        let kernel = FakeKernel::new();
+        let node_sock = kernel.namespace("node", &dir.path().join("node"));
+        let pod_sock = kernel.namespace("pod", &dir.path().join("pod"));
+        let port = kernel.add_link(&node_sock, "ens2f0np0", "veth", 9000);
+        kernel.add_address(&node_sock, port.index, "198.18.9.1/24".parse().unwrap());
+        fake::fake_ipam(dir.path(), "198.18.1.5/24", "198.18.1.1");
+        Rig {
+            kernel,
+            node_sock,
+            pod_sock,
+            node: Netns::open(&dir.path().join("node")).unwrap(),
+            pod: Netns::open(&dir.path().join("pod")).unwrap(),
+            port,
+            dir,
+        }
+    }
+
+    fn config(&self) -> Value {
+        json!({"cniVersion": "1.0.0", "name": "rail", "type": "plexus-host-device", "device": "ens2f0np0",
+            "dataDir": self.dir.path().join("state"), "ipam": {"type": "fake-ipam"}})
+    }
+
+    fn add(&self) -> Result<CniResult, Error> {
+        let pod = self.pod.path().display().to_string();
+        let bin = self.dir.path().display().to_string();
+        let vars = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", pod.as_str()),
+            ("CNI_IFNAME", "net1"),
+            ("CNI_PATH", bin.as_str()),
+        ];
+        let policy = Policy::parse(json!({"dataRoots": [self.dir.path()]}).to_string().as_bytes()).unwrap();
+        let req = fake::request(&vars, &self.config(), policy);
+        let conf = HostDeviceConf::load(&req)?;
+        let sysfs = Sysfs::new(self.dir.path().join("sys"));
+        let add = Add {
+            req: &req,
+            conf: &conf,
+            sysfs: &sysfs,
+            pod: &self.pod,
+            node: &self.node,
+            node_sock: &self.node_sock,
+            pod_sock: &self.pod_sock,
+            info_file: None,
+            gid_wait: Duration::ZERO,
+        };
+        configure::runtime()?.block_on(async {
+            match conf.select(&req, &sysfs, &self.node_sock).await? {
+                Selected::Netdev(link) => add.run(&link).await,
+                other => panic!("selected {other:?}"),
+            }
+        })
+    }
+
+    fn state_files(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir.path().join("state"))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    fn namespace(&self, name: &str) -> FakeNamespace {
+        self.kernel.snapshot().into_iter().find(|n| n.name == name).unwrap()
+    }
+}
+
+#[test]
+fn add_moves_the_device_in_one_request_named_with_its_marker_then_addresses_ups_and_routes_it() {
+    let rig = Rig::new();
+    let result = rig.add().unwrap();
+    let i = rig.port.index;
+    let pod = rig.pod.path().display().to_string();
+    let marker = format!("plexus-host-device:ens2f0np0:{}", state::attachment_tag("c1", "net1"));
+    assert_eq!(
+        rig.kernel.log(),
+        vec![
+            "node: get link ens2f0np0".to_string(),
+            format!("node: list addresses of #{i}"),
+            "pod: get link net1".to_string(),
+            format!("node: set link #{i} netns {pod} name net1 alias {marker} ipv4-conf"),
+            "pod: get link net1".to_string(),
+            format!("pod: add address 198.18.1.5/24 to #{i} nodad"),
+            format!("pod: set link #{i} up"),
+            "pod: add route 198.19.0.0/16 table 254".to_string(),
+        ]
+    );
+    let in_pod = &rig.namespace("pod").links[0];
+    assert_eq!((in_pod.name.as_str(), in_pod.alias.as_deref(), in_pod.up), ("net1", Some(marker.as_str()), true));
+    assert!(rig.namespace("node").links.is_empty(), "the device left the node");
+    assert_eq!(rig.state_files(), vec!["c1=net1"]);
+    let saved = state::load(&rig.dir.path().join("state/c1=net1")).unwrap();
+    assert_eq!(saved.addresses, vec!["198.18.9.1/24".parse::<ipnetwork::IpNetwork>().unwrap()], "its node address");
+    assert_eq!(result.interfaces[0].name, "net1");
+    assert_eq!(fake::ipam_calls(rig.dir.path()), vec!["ADD c1 net1"]);
+}
+
+#[test]
+fn a_failure_at_any_step_of_add_puts_the_device_back_on_the_node_as_it_was() {
+    let steps = {
+        let rig = Rig::new();
+        rig.add().unwrap();
+        rig.kernel.verbs()
+    };
+    assert_eq!(steps, 8);
+    for k in 1..=steps {
+        let rig = Rig::new();
+        let before = rig.kernel.snapshot();
+        rig.kernel.fail_at(k);
+        let err = rig.add().expect_err(&format!("step {k} fails the ADD"));
+        let failed = rig.kernel.log()[k - 1].clone();
+        assert!(!err.details.contains("rollback failed"), "step {k} ({failed}): {err:?}");
+        assert_eq!(rig.kernel.snapshot(), before, "step {k} ({failed}) left something: {:#?}", rig.kernel.log());
+        assert!(rig.state_files().is_empty(), "step {k} ({failed}): the state file is gone");
+        let calls = fake::ipam_calls(rig.dir.path());
+        // The first three steps come before IPAM starts.
+        let want: &[&str] = if k <= 3 { &[] } else { &["ADD c1 net1", "DEL c1 net1"] };
+        assert_eq!(calls, want, "step {k} ({failed}): IPAM");
+    }
+}
+
+#[test]
+fn a_name_taken_in_the_pod_leaves_the_pods_own_link_and_the_device_on_the_node() {
+    let rig = Rig::new();
+    let own = rig.kernel.add_link(&rig.pod_sock, "net1", "veth", 1500);
+    let before = rig.kernel.snapshot();
+    let err = rig.add().unwrap_err();
+    assert_eq!(err.code, code::IFNAME_TAKEN, "{err:?}");
+    assert_eq!(rig.kernel.snapshot(), before, "the pod's net1 stays the pod's, the device the node's");
+    assert_eq!(rig.namespace("pod").links, vec![own]);
+    assert!(rig.state_files().is_empty());
+    assert!(fake::ipam_calls(rig.dir.path()).is_empty(), "refused before IPAM runs");
+}
+
+#[test]
+fn a_device_moved_whose_rename_then_failed_is_found_under_its_host_name_and_mac_not_the_pods_own() {
+    let rig = Rig::new();
+    let rt = configure::runtime().unwrap();
+    let host = rt.block_on(HostState::capture(&rig.node_sock, &rig.port, None, "t")).unwrap();
+    // The pod has a net1 of its own; the kernel moved the device, then its rename to net1 failed.
+    let own = rig.kernel.add_link(&rig.pod_sock, "net1", "veth", 1500);
+    let half_moved = LinkChange { netns: Some(&rig.pod), name: Some("net1"), alias: Some("x"), ..Default::default() };
+    let err = rt.block_on(rig.node_sock.set_link(rig.port.index, &half_moved)).unwrap_err();
+    assert!(err.is_exists());
+    let found = rt.block_on(state::find_moved(&rig.pod_sock, "net1", &host)).unwrap().expect("found");
+    assert_eq!((found.index, found.name.as_str()), (rig.port.index, "ens2f0np0"));
+    assert_ne!(found.index, own.index);
+    // Another device of that name in the pod, but not this one's MAC, is not taken.
+    let stranger = HostState { mac: Some("02:00:00:00:00:99".into()), ..host };
+    assert_eq!(rt.block_on(state::find_moved(&rig.pod_sock, "net1", &stranger)).unwrap(), None);
+}
