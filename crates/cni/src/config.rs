@@ -117,38 +117,63 @@ pub struct ConfList {
 
 impl ConfList {
     pub fn parse(bytes: &[u8]) -> Result<ConfList, Error> {
-        let list: ConfList = serde_json::from_slice(bytes)
-            .map_err(|e| Error::decoding(format!("error parsing configuration list: {e}")))?;
-        if list.name.is_empty() {
-            return Err(Error::invalid_config("error parsing configuration list: no name"));
-        }
-        if list.plugins.is_empty() {
-            return Err(Error::invalid_config(format!(
-                "error parsing configuration list {:?}: no plugins in list",
-                list.name
-            )));
-        }
-        for (i, p) in list.plugins.iter().enumerate() {
-            if !matches!(p.get("type"), Some(Value::String(t)) if !t.is_empty()) {
-                return Err(Error::invalid_config(format!("network {:?}: plugin {i} has no \"type\"", list.name)));
-            }
-        }
-        Ok(list)
+        serde_json::from_slice::<ConfList>(bytes)
+            .map_err(|e| Error::decoding(format!("error parsing configuration list: {e}")))?
+            .validated()
+    }
+
+    /// [`ConfList::parse`] of a document already read (a NAD's, the meta-plugin's cache): no
+    /// round trip through text.
+    pub fn from_value(doc: Value) -> Result<ConfList, Error> {
+        serde_json::from_value::<ConfList>(doc)
+            .map_err(|e| Error::decoding(format!("error parsing configuration list: {e}")))?
+            .validated()
     }
 
     /// A single-plugin config file (`.conf`) seen as a list of one.
     pub fn from_single(bytes: &[u8]) -> Result<ConfList, Error> {
         let plugin: Map<String, Value> =
             serde_json::from_slice(bytes).map_err(|e| Error::decoding(format!("error parsing configuration: {e}")))?;
+        ConfList::of_one(plugin)
+    }
+
+    /// [`ConfList::from_single`] of a document already read.
+    pub fn from_single_value(doc: Value) -> Result<ConfList, Error> {
+        match doc {
+            Value::Object(plugin) => ConfList::of_one(plugin),
+            other => Err(Error::decoding(format!("error parsing configuration: not an object: {other}"))),
+        }
+    }
+
+    fn of_one(plugin: Map<String, Value>) -> Result<ConfList, Error> {
         let text = |k: &str| plugin.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-        let list = ConfList {
+        ConfList {
             cni_version: text("cniVersion"),
             name: text("name"),
             disable_check: plugin.get("disableCheck").and_then(Value::as_bool),
             plugins: vec![plugin],
             ..Default::default()
-        };
-        ConfList::parse(&serde_json::to_vec(&list).expect("serializable"))
+        }
+        .validated()
+    }
+
+    /// The list's own rules: a name, at least one plugin, a type for each.
+    fn validated(self) -> Result<ConfList, Error> {
+        if self.name.is_empty() {
+            return Err(Error::invalid_config("error parsing configuration list: no name"));
+        }
+        if self.plugins.is_empty() {
+            return Err(Error::invalid_config(format!(
+                "error parsing configuration list {:?}: no plugins in list",
+                self.name
+            )));
+        }
+        for (i, p) in self.plugins.iter().enumerate() {
+            if !matches!(p.get("type"), Some(Value::String(t)) if !t.is_empty()) {
+                return Err(Error::invalid_config(format!("network {:?}: plugin {i} has no \"type\"", self.name)));
+            }
+        }
+        Ok(self)
     }
 
     /// The version to run this list at: the highest of `cniVersions` plexus knows, else `cniVersion`.

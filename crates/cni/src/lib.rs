@@ -7,25 +7,27 @@
 //! Must not: touch netlink, namespaces, Kubernetes or any store. Those live in `plexus-net`,
 //! `plexus-k8s` and `plexus-ipam`, which depend on this crate for their error type.
 
+pub mod chain;
 pub mod config;
 pub mod delegate;
 pub mod env;
 pub mod error;
 pub mod fault;
 pub mod files;
+pub mod hw;
 pub mod logging;
 pub mod paths;
 pub mod plugin;
 pub mod policy;
 pub mod result;
-pub mod runtime;
+
 pub mod undo;
 pub mod version;
 
 pub use config::{ConfList, Ipam, NetConf};
 pub use env::{CniArgs, CniEnv, Command};
 pub use error::{Error, code};
-pub use plugin::{About, Attachment, Plugin, Request};
+pub use plugin::{About, Plugin, Request, ValidAttachment};
 pub use policy::Policy;
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};
 pub use version::SpecVersion;

@@ -6,6 +6,8 @@ pub const POLICY_FILE: &str = "/etc/cni/plexus/policy.json";
 pub const POLICY_ENV: &str = "PLEXUS_POLICY";
 /// Plugin binaries.
 pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
+/// Network configurations (cnitool's `NETCONFPATH` default).
+pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
 /// The meta-plugin's delegate cache.
 pub const META_CACHE_DIR: &str = "/var/lib/cni/plexus";
 /// plexus-ipam's file store.

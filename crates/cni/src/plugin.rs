@@ -39,7 +39,7 @@ pub struct Request {
 
 /// An attachment the runtime still considers valid (GC).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Attachment {
+pub struct ValidAttachment {
     #[serde(rename = "containerID")]
     pub container_id: String,
     pub ifname: String,
@@ -67,7 +67,7 @@ impl Request {
 
     /// GC: the attachments to keep, from `cni.dev/valid-attachments` or, from runtimes that
     /// followed the `spec-v1.1.0` text, `cni.dev/attachments` (cni#1101).
-    pub fn valid_attachments(&self) -> Result<Vec<Attachment>, Error> {
+    pub fn valid_attachments(&self) -> Result<Vec<ValidAttachment>, Error> {
         for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
             if let Some(v) = self.config.extra.get(key) {
                 return serde_json::from_value(v.clone()).map_err(|e| Error::decoding(format!("{key}: {e}")));

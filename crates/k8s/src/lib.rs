@@ -12,5 +12,8 @@ pub mod selection;
 pub mod status;
 
 pub use error::K8sError;
+
+/// The namespace of objects that name none, and of pods outside Kubernetes.
+pub const DEFAULT_NAMESPACE: &str = "default";
 pub use nad::{DirSource, Nad, NadSource};
 pub use selection::{NetworkSelection, parse_selections};

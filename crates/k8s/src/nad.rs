@@ -32,7 +32,7 @@ impl Nad {
         let name = text(meta.get("name"))
             .ok_or_else(|| K8sError::Config("NetworkAttachmentDefinition without metadata.name".into()))?;
         Ok(Nad {
-            namespace: text(meta.get("namespace")).unwrap_or_else(|| "default".into()),
+            namespace: text(meta.get("namespace")).unwrap_or_else(|| crate::DEFAULT_NAMESPACE.into()),
             name,
             resource_name: text(meta.get("annotations").and_then(|a| a.get(RESOURCE_NAME_ANNOTATION))),
             config: text(obj.get("spec").and_then(|s| s.get("config"))).unwrap_or_default(),

@@ -78,12 +78,10 @@ impl NetworkSelection {
                 return Err(bad(item, format!("ips: {ip:?} is not an IP address or CIDR")));
             }
         }
-        if let Some(mac) = &self.mac {
-            let ok = mac.split(':').count() == 6
-                && mac.split(':').all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok());
-            if !ok {
-                return Err(bad(item, format!("mac {mac:?} is not a MAC address")));
-            }
+        if let Some(mac) = &self.mac
+            && plexus_cni::hw::parse_mac(mac).is_none()
+        {
+            return Err(bad(item, format!("mac {mac:?} is not a MAC address")));
         }
         Ok(())
     }

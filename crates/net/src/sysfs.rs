@@ -36,16 +36,6 @@ pub struct NetdevHardware {
     pub driver: Option<String>,
 }
 
-fn is_pci_address(s: &str) -> bool {
-    // dddd:bb:dd.f
-    let b = s.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && s.chars().enumerate().all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
-}
-
 impl Sysfs {
     pub fn new(root: impl Into<PathBuf>) -> Sysfs {
         Sysfs { root: root.into() }
@@ -83,7 +73,7 @@ impl Sysfs {
 
     /// The PCI device directory of `bdf` (`0000:3b:00.2`), validated.
     pub fn pci_device(&self, bdf: &str) -> Option<PathBuf> {
-        is_pci_address(bdf).then(|| self.root.join("bus/pci/devices").join(bdf)).filter(|p| p.exists())
+        plexus_cni::hw::is_pci_address(bdf).then(|| self.root.join("bus/pci/devices").join(bdf)).filter(|p| p.exists())
     }
 
     /// The auxiliary device directory of `id` (`mlx5_core.sf.4`), validated.
@@ -130,7 +120,7 @@ impl Sysfs {
     pub fn device_hardware(&self, dev: &Path) -> NetdevHardware {
         let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut hw = NetdevHardware::default();
-        if is_pci_address(&name) {
+        if plexus_cni::hw::is_pci_address(&name) {
             hw.pci_address = Some(name);
         } else {
             hw.auxiliary = Some(name);
@@ -139,7 +129,7 @@ impl Sysfs {
                 .parent()
                 .and_then(|p| p.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
-                .filter(|n| is_pci_address(n));
+                .filter(|n| plexus_cni::hw::is_pci_address(n));
         }
         hw.rdma_device = first_entry(&dev.join("infiniband"));
         hw.driver = std::fs::read_link(dev.join("driver"))

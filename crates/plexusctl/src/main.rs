@@ -57,7 +57,7 @@ enum Cmd {
         /// The MTU the fabric needs.
         #[arg(long)]
         mtu: Option<u32>,
-        #[arg(long, default_value = "/opt/cni/bin")]
+        #[arg(long, default_value = plexus_cni::paths::CNI_BIN_DIR)]
         bin_dir: PathBuf,
         /// The meta-plugin config to check (e.g. /etc/cni/net.d/00-plexus.conflist).
         #[arg(long)]
@@ -139,7 +139,7 @@ fn main() -> ExitCode {
         Cmd::Gc(a) => run("gc", a),
         Cmd::Status(a) => run("status", a),
         Cmd::Ipam(c) => (|| {
-            let dir = std::env::var_os("NETCONFPATH").map(PathBuf::from).unwrap_or_else(|| "/etc/cni/net.d".into());
+            let dir = runner::conf_dir();
             match c {
                 IpamCmd::List { network, json } => ipam::list(&runner::load_conf_list(&dir, network)?.0, *json),
                 IpamCmd::Release { network, container_id, ifname } => {

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
-use plexus_cni::{CniArgs, CniEnv, Command, ConfList, files, runtime};
+use plexus_cni::{CniArgs, CniEnv, Command, ConfList, chain, files};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha512};
@@ -96,11 +96,15 @@ pub fn load_conf_list(dir: &Path, name: &str) -> Result<(ConfList, Vec<u8>)> {
     bail!("no net configuration with name {name:?} in {}", dir.display())
 }
 
+/// Where network configs are read from: `NETCONFPATH`, as cnitool, else the CNI conf dir.
+pub fn conf_dir() -> PathBuf {
+    std::env::var_os("NETCONFPATH").map(PathBuf::from).unwrap_or_else(|| plexus_cni::paths::CNI_CONF_DIR.into())
+}
+
 impl Invocation {
     /// From the process environment, like cnitool.
     pub fn from_env(network: &str, netns: &Path, ifname_flag: Option<&str>) -> Result<Invocation> {
-        let dir = std::env::var_os("NETCONFPATH").map(PathBuf::from).unwrap_or_else(|| "/etc/cni/net.d".into());
-        let (list, raw) = load_conf_list(&dir, network)?;
+        let (list, raw) = load_conf_list(&conf_dir(), network)?;
         let netns = std::path::absolute(netns)?;
         let args = CniArgs::parse(&std::env::var("CNI_ARGS").unwrap_or_default())
             .map_err(|e| anyhow!("CNI_ARGS: {}", e.msg))?;
@@ -138,7 +142,7 @@ impl Invocation {
     }
 
     pub fn add(&self) -> Result<Value> {
-        let (_, printed) = runtime::add(&self.list, &self.caps, &self.env).map_err(cni)?;
+        let (_, printed) = chain::add(&self.list, &self.caps, &self.env).map_err(cni)?;
         let info = CachedInfo {
             kind: "cniCacheV1".into(),
             container_id: self.env.container_id.clone(),
@@ -154,17 +158,17 @@ impl Invocation {
     }
 
     pub fn check(&self) -> Result<()> {
-        runtime::check(&self.list, &self.caps, &self.env, self.cached().and_then(|c| c.result).as_ref()).map_err(cni)
+        chain::check(&self.list, &self.caps, &self.env, self.cached().and_then(|c| c.result).as_ref()).map_err(cni)
     }
 
     pub fn del(&self) -> Result<()> {
         let cached = self.cached().and_then(|c| c.result);
-        runtime::del(&self.list, &self.caps, &self.env, cached.as_ref()).map_err(cni)?;
+        chain::del(&self.list, &self.caps, &self.env, cached.as_ref()).map_err(cni)?;
         files::remove_if_present(&self.cache_path()).map_err(cni)
     }
 
     pub fn status(&self) -> Result<()> {
-        runtime::status_or_gc(&self.list, &self.env, Command::Status, None).map_err(cni)
+        chain::status_or_gc(&self.list, &self.env, Command::Status, None).map_err(cni)
     }
 
     /// GC with every attachment libcni's cache still holds for this network as valid.
@@ -179,7 +183,7 @@ impl Invocation {
             .filter(|c| c.network_name == self.list.name)
             .map(|c| serde_json::json!({"containerID": c.container_id, "ifname": c.if_name}))
             .collect();
-        runtime::status_or_gc(&self.list, &self.env, Command::Gc, Some(&Value::Array(valid))).map_err(cni)
+        chain::status_or_gc(&self.list, &self.env, Command::Gc, Some(&Value::Array(valid))).map_err(cni)
     }
 }
 

@@ -66,10 +66,6 @@ pub enum Selected {
     Dpdk { pci: String, driver: String },
 }
 
-fn is_pci(s: &str) -> bool {
-    s.len() == 12 && s.as_bytes()[4] == b':' && s.as_bytes()[7] == b':' && s.as_bytes()[10] == b'.'
-}
-
 impl HostDeviceConf {
     pub fn load(req: &Request) -> Result<HostDeviceConf, Error> {
         let mut conf: HostDeviceConf = req.config_as()?;
@@ -109,7 +105,7 @@ impl HostDeviceConf {
         let mut pci = self.pci_bus_id.clone();
         let mut aux = None;
         if let Some(id) = self.device_id(req) {
-            if is_pci(id) {
+            if plexus_cni::hw::is_pci_address(id) {
                 pci = Some(id.to_string());
             } else if sysfs.aux_device(id).is_some() {
                 aux = Some(id.to_string());

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use plexus_cni::runtime;
+use plexus_cni::chain;
 use plexus_cni::{CniEnv, CniResult, Command, ConfList, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -16,9 +16,10 @@ pub struct Attachment {
     /// `namespace/nad`, or the conf's own name for cluster and default networks.
     pub network: String,
     pub ifname: String,
-    /// The cluster network: its result is the one the runtime gets.
-    #[serde(default)]
-    pub master: bool,
+    /// The cluster network: its result is the one the runtime gets. (Cached as `master`, the
+    /// name Multus's delegates use for it.)
+    #[serde(default, rename = "master")]
+    pub cluster_network: bool,
     /// The delegate's full configuration (single plugin or list), as it is run.
     pub conf: Value,
     /// Capability arguments offered to the delegate's plugins (`runtimeConfig` by capability).
@@ -83,11 +84,11 @@ impl Attachment {
     /// The conf as a list (a single conf is a list of one), without the keys a delegate config
     /// may not carry.
     fn list(&self) -> Result<ConfList, Error> {
-        let bytes = serde_json::to_vec(&self.conf).expect("json");
-        let mut list = if plexus_k8s::nad::is_conflist(&self.conf) {
-            ConfList::parse(&bytes)
+        let conf = self.conf.clone();
+        let mut list = if plexus_k8s::nad::is_conflist(&conf) {
+            ConfList::from_value(conf)
         } else {
-            ConfList::from_single(&bytes)
+            ConfList::from_single_value(conf)
         }
         .map_err(|e| e.context(format!("network {}", self.network)))?;
         list.plugins.iter_mut().for_each(drop_tenant_keys);
@@ -130,7 +131,7 @@ impl Attachment {
 
     /// ADD: the chain in order, each plugin given the previous result; returns the final result.
     pub fn add(&self, base: &CniEnv) -> Result<(CniResult, Value), Error> {
-        runtime::add(&self.list()?, &self.capability_args, &self.env(base))
+        chain::add(&self.list()?, &self.capability_args, &self.env(base))
     }
 
     /// A result as this attachment's chain prints it (its list's version), for the cache.
@@ -140,18 +141,18 @@ impl Attachment {
 
     /// DEL: the chain in reverse, each plugin given the cached result; keeps going past errors.
     pub fn del(&self, base: &CniEnv) -> Result<(), Error> {
-        runtime::del(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
+        chain::del(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
     }
 
     /// CHECK: the chain in order with the cached result.
     pub fn check(&self, base: &CniEnv) -> Result<(), Error> {
-        runtime::check(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
+        chain::check(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
             .map_err(|e| self.named(e))
     }
 
     /// STATUS or GC on every plugin of the list (GC with the `valid` attachments).
     pub fn status_or_gc(&self, base: &CniEnv, command: Command, valid: Option<&Value>) -> Result<(), Error> {
-        runtime::status_or_gc(&self.list()?, &self.env(base), command, valid).map_err(|e| self.named(e))
+        chain::status_or_gc(&self.list()?, &self.env(base), command, valid).map_err(|e| self.named(e))
     }
 }
 

@@ -123,7 +123,7 @@ impl MetaConf {
     pub fn global_namespaces(&self) -> Vec<String> {
         match &self.global_namespaces {
             Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            None => vec!["default".into()],
+            None => vec![plexus_k8s::DEFAULT_NAMESPACE.into()],
         }
     }
 

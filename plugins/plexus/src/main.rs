@@ -159,7 +159,7 @@ fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], result
             .as_ref()
             .and_then(|f| std::fs::read(f).ok())
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        all.extend(status::statuses(&a.network, &a.ifname, r, a.master, info.as_ref()));
+        all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref()));
     }
     Ok(api.set_network_status(&pod.namespace, &pod.name, &all)?)
 }
@@ -293,8 +293,8 @@ impl Plugin for Meta {
             }));
         }
         undo.commit();
-        let master = state.attachments.iter().position(|a| a.master);
-        Ok(match master {
+        let cluster_network = state.attachments.iter().position(|a| a.cluster_network);
+        Ok(match cluster_network {
             Some(i) => results.swap_remove(i),
             None => attachment::combine(&results),
         })

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use plexus_cni::{Error, Request};
 use plexus_k8s::nad::{self, NadSource};
 use plexus_k8s::selection::parse_default_network;
-use plexus_k8s::{K8sError, NetworkSelection, checkpoint, parse_selections, podresources};
+use plexus_k8s::{DEFAULT_NAMESPACE, K8sError, NetworkSelection, checkpoint, parse_selections, podresources};
 use serde_json::{Map, Value};
 
 use crate::attachment::{Attachment, merge_cni_args};
@@ -33,7 +33,12 @@ pub struct Pod {
 impl Default for Pod {
     /// No pod (STATUS, GC, standalone use): NADs are looked up in `default`.
     fn default() -> Pod {
-        Pod { namespace: "default".into(), name: String::new(), uid: String::new(), infra_container_id: String::new() }
+        Pod {
+            namespace: DEFAULT_NAMESPACE.into(),
+            name: String::new(),
+            uid: String::new(),
+            infra_container_id: String::new(),
+        }
     }
 }
 
@@ -42,7 +47,7 @@ impl Pod {
         let arg = |k: &str| req.env.args.get(k).unwrap_or_default().to_string();
         let namespace = arg("K8S_POD_NAMESPACE");
         Pod {
-            namespace: if namespace.is_empty() { "default".into() } else { namespace },
+            namespace: if namespace.is_empty() { DEFAULT_NAMESPACE.into() } else { namespace },
             name: arg("K8S_POD_NAME"),
             uid: arg("K8S_POD_UID"),
             infra_container_id: arg("K8S_POD_INFRA_CONTAINER_ID"),
@@ -202,14 +207,16 @@ pub fn plan(
     let push = |out: &mut Vec<Attachment>,
                 network: String,
                 conf_v: Value,
-                master: bool,
+                cluster_network: bool,
                 caps: Map<String, Value>,
                 ifname: Option<String>| {
         let idx = out.len();
-        let ifname = match (master, ifname) {
+        let ifname = match (cluster_network, ifname) {
             (true, _) => req.env.ifname.clone(),
             (false, Some(i)) => i,
-            (false, None) => format!("net{}", if out.first().is_some_and(|a| a.master) { idx } else { idx + 1 }),
+            (false, None) => {
+                format!("net{}", if out.first().is_some_and(|a| a.cluster_network) { idx } else { idx + 1 })
+            }
         };
         // The runtime's own capability arguments reach every delegate; the selection's win.
         let mut all_caps = runtime_caps.clone();
@@ -217,7 +224,7 @@ pub fn plan(
         out.push(Attachment {
             network,
             ifname,
-            master,
+            cluster_network,
             conf: conf_v,
             capability_args: all_caps,
             result: None,
@@ -422,7 +429,7 @@ mod multus_cases {
         Request { env, version: SpecVersion::LATEST, config, stdin, policy: Policy::default(), log: Default::default() }
     }
 
-    /// (delegate name, plugin type, ifname, master) of each attachment, or the error message.
+    /// (delegate name, plugin type, ifname, cluster network) of each attachment, or the error message.
     fn planned(
         meta: Value,
         pod_ns: &str,
@@ -441,13 +448,13 @@ mod multus_cases {
             .into_iter()
             .map(|a| {
                 let t = a.conf.get("type").and_then(Value::as_str).unwrap_or("list").to_string();
-                (a.network, t, a.ifname, a.master)
+                (a.network, t, a.ifname, a.cluster_network)
             })
             .collect())
     }
 
-    fn row(network: &str, t: &str, ifname: &str, master: bool) -> (String, String, String, bool) {
-        (network.into(), t.into(), ifname.into(), master)
+    fn row(network: &str, t: &str, ifname: &str, cluster_network: bool) -> (String, String, String, bool) {
+        (network.into(), t.into(), ifname.into(), cluster_network)
     }
 
     fn weave() -> Value {

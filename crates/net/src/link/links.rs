@@ -8,6 +8,8 @@ use netlink_packet_route::link::{
 };
 use rtnetlink::{LinkMacVlan, LinkUnspec};
 
+pub use plexus_cni::hw::{format_mac, parse_mac};
+
 use super::{IpFamily, LinkSocket, MAIN_TABLE};
 use crate::error::Result;
 use crate::netns::Netns;
@@ -123,26 +125,6 @@ fn kind_name(k: &InfoKind) -> String {
         InfoKind::Other(s) => s.clone(),
         other => format!("{other:?}").to_ascii_lowercase(),
     }
-}
-
-pub fn format_mac(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-/// Parse `aa:bb:cc:dd:ee:ff` (or with `-`).
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut mac = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        if p.len() != 2 {
-            return None;
-        }
-        mac[i] = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(mac)
 }
 
 /// A macvlan to create.
@@ -298,20 +280,5 @@ impl LinkSocket {
     pub async fn delete_link(&self, index: u32) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).build();
         self.ack(&format!("delete link #{index}"), RouteNetlinkMessage::DelLink(msg), 0).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn macs_parse_and_print() {
-        assert_eq!(parse_mac("02:AB:cd:00:00:09"), Some([2, 0xab, 0xcd, 0, 0, 9]));
-        assert_eq!(parse_mac("02-ab-cd-00-00-09"), Some([2, 0xab, 0xcd, 0, 0, 9]));
-        for bad in ["", "02:ab:cd:00:00", "02:ab:cd:00:00:0g", "002:ab:cd:00:00:09"] {
-            assert_eq!(parse_mac(bad), None, "{bad}");
-        }
-        assert_eq!(format_mac(&[2, 0xab, 0xcd, 0, 0, 9]), "02:ab:cd:00:00:09");
     }
 }
