@@ -20,6 +20,8 @@ pub mod paths;
 pub mod plugin;
 pub mod policy;
 pub mod result;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub mod undo;
 pub mod version;

@@ -135,14 +135,14 @@ pub struct IfaceSetup<'a> {
 pub fn ipv4_conf(multi_rail: bool) -> Ipv4Conf {
     // Neighbours learn the (possibly reused) address at once: arp_notify sends a gratuitous ARP
     // when the link goes up (plugins#588), so it must be set before.
-    let mut conf = Ipv4Conf { arp_notify: 1, ..Default::default() };
+    let mut conf = Ipv4Conf { arp_notify: Some(1), ..Default::default() };
     if multi_rail {
         // Several interfaces in one subnet: each answers ARP only for its own addresses, and
         // announces with the address of the interface it sends from; replies arriving on the
         // "wrong" rail are not dropped by reverse-path filtering (loose mode).
-        conf.arp_ignore = 1;
-        conf.arp_announce = 2;
-        conf.rp_filter = 2;
+        conf.arp_ignore = Some(1);
+        conf.arp_announce = Some(2);
+        conf.rp_filter = Some(2);
     }
     conf
 }
@@ -307,7 +307,7 @@ mod tests {
         assert_eq!(rules, vec![RuleSpec { src: "198.18.1.5/32".parse().unwrap(), table: 101, priority: 1000 }]);
         assert_eq!(
             ipv4_conf(setup.multi_rail_table.is_some()),
-            Ipv4Conf { arp_notify: 1, arp_ignore: 1, arp_announce: 2, rp_filter: 2 }
+            Ipv4Conf { arp_notify: Some(1), arp_ignore: Some(1), arp_announce: Some(2), rp_filter: Some(2) }
         );
         assert!(ipv6_sysctls_for(&setup).is_empty(), "no IPv6 address, no namespace switch");
     }

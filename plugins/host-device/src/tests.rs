@@ -5,7 +5,8 @@
 //! the kernel a fake; `tests/tests/host_device.rs` runs the same code on real namespaces.
 
 use plexus_cni::policy::Policy;
-use plexus_net::fake::{self, FakeKernel, FakeNamespace, FakeSocket};
+use plexus_cni::testing;
+use plexus_net::fake::{FakeKernel, FakeNamespace, FakeSocket};
 use serde_json::{Value, json};
 
 use super::*;
@@ -33,7 +34,7 @@ impl Rig {
         let pod_sock = kernel.namespace("pod", &dir.path().join("pod"));
         let port = kernel.add_link(&node_sock, "ens2f0np0", "veth", 9000);
         kernel.add_address(&node_sock, port.index, "198.18.9.1/24".parse().unwrap());
-        fake::fake_ipam(dir.path(), "198.18.1.5/24", "198.18.1.1");
+        testing::fake_ipam(dir.path(), "198.18.1.5/24", "198.18.1.1");
         Rig {
             kernel,
             node_sock,
@@ -61,7 +62,7 @@ impl Rig {
             ("CNI_PATH", bin.as_str()),
         ];
         let policy = Policy::parse(json!({"dataRoots": [self.dir.path()]}).to_string().as_bytes()).unwrap();
-        let req = fake::request(&vars, &self.config(), policy);
+        let req = testing::request(&vars, &self.config(), policy);
         let conf = HostDeviceConf::load(&req)?;
         let sysfs = Sysfs::new(self.dir.path().join("sys"));
         let add = Add {
@@ -121,7 +122,7 @@ fn add_moves_the_device_in_one_request_named_with_its_marker_then_addresses_ups_
     let saved = state::load(&rig.dir.path().join("state/c1=net1")).unwrap();
     assert_eq!(saved.addresses, vec!["198.18.9.1/24".parse::<ipnetwork::IpNetwork>().unwrap()], "its node address");
     assert_eq!(result.interfaces[0].name, "net1");
-    assert_eq!(fake::ipam_calls(rig.dir.path()), vec!["ADD c1 net1"]);
+    assert_eq!(testing::ipam_calls(rig.dir.path()), vec!["ADD c1 net1"]);
 }
 
 #[test]
@@ -141,7 +142,7 @@ fn a_failure_at_any_step_of_add_puts_the_device_back_on_the_node_as_it_was() {
         assert!(!err.details.contains("rollback failed"), "step {k} ({failed}): {err:?}");
         assert_eq!(rig.kernel.snapshot(), before, "step {k} ({failed}) left something: {:#?}", rig.kernel.log());
         assert!(rig.state_files().is_empty(), "step {k} ({failed}): the state file is gone");
-        let calls = fake::ipam_calls(rig.dir.path());
+        let calls = testing::ipam_calls(rig.dir.path());
         // The first three steps come before IPAM starts.
         let want: &[&str] = if k <= 3 { &[] } else { &["ADD c1 net1", "DEL c1 net1"] };
         assert_eq!(calls, want, "step {k} ({failed}): IPAM");
@@ -158,7 +159,7 @@ fn a_name_taken_in_the_pod_leaves_the_pods_own_link_and_the_device_on_the_node()
     assert_eq!(rig.kernel.snapshot(), before, "the pod's net1 stays the pod's, the device the node's");
     assert_eq!(rig.namespace("pod").links, vec![own]);
     assert!(rig.state_files().is_empty());
-    assert!(fake::ipam_calls(rig.dir.path()).is_empty(), "refused before IPAM runs");
+    assert!(testing::ipam_calls(rig.dir.path()).is_empty(), "refused before IPAM runs");
 }
 
 #[test]

@@ -13,6 +13,9 @@ use plexus_ipam::store::open as open_store;
 use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
 use serde_json::Value;
 
+#[cfg(test)]
+mod tests;
+
 struct Ipam;
 
 fn main() -> ExitCode {

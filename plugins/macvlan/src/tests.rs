@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use plexus_cni::policy::Policy;
-use plexus_net::fake::{self, FakeKernel, FakeNamespace, FakeSocket};
+use plexus_cni::testing;
+use plexus_net::fake::{FakeKernel, FakeNamespace, FakeSocket};
 use serde_json::{Value, json};
 
 use super::*;
@@ -30,7 +31,7 @@ impl Rig {
         let node = kernel.namespace("node", &dir.path().join("node"));
         let pod_sock = kernel.namespace("pod", &pod_path);
         let master = kernel.add_link(&node, "ens1f0np0", "veth", 9000);
-        fake::fake_ipam(dir.path(), "198.18.0.5/24", "198.18.0.1");
+        testing::fake_ipam(dir.path(), "198.18.0.5/24", "198.18.0.1");
         Rig { kernel, node, pod_sock, pod: Netns::open(&pod_path).unwrap(), master, dir }
     }
 
@@ -44,7 +45,7 @@ impl Rig {
             ("CNI_IFNAME", "net1"),
             ("CNI_PATH", bin.as_str()),
         ];
-        fake::request(&vars, config, Policy::default())
+        testing::request(&vars, config, Policy::default())
     }
 
     fn add(&self, config: &Value) -> Result<CniResult, Error> {
@@ -71,7 +72,7 @@ impl Rig {
     }
 
     fn ipam_calls(&self) -> Vec<String> {
-        fake::ipam_calls(self.dir.path())
+        testing::ipam_calls(self.dir.path())
     }
 
     fn pod_state(&self) -> FakeNamespace {

@@ -1,10 +1,10 @@
 //! Links: what the kernel reports of one, macvlans to create, changes to an existing link.
 
-use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
-    AfSpecInet, AfSpecUnspec, InetDevConf, InfoData, InfoKind, InfoMacVlan, LinkAttribute, LinkFlags, LinkInfo,
-    LinkMessage, MacVlanMode,
+    AfSpecInet, AfSpecUnspec, InfoData, InfoKind, InfoMacVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    MacVlanMode,
 };
 use rtnetlink::{LinkMacVlan, LinkUnspec};
 
@@ -141,27 +141,45 @@ pub struct NewMacvlan<'a> {
 }
 
 /// Per-interface IPv4 settings (`net.ipv4.conf.<if>.*`), set over netlink (`IFLA_INET_CONF`)
-/// instead of /proc/sys: no namespace switch needed. Zero means "leave as is".
+/// instead of /proc/sys: no namespace switch needed. `None` leaves a setting as it is; any value,
+/// zero included, is set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ipv4Conf {
-    pub arp_notify: i32,
-    pub arp_ignore: i32,
-    pub arp_announce: i32,
-    pub rp_filter: i32,
+    pub arp_notify: Option<i32>,
+    pub arp_ignore: Option<i32>,
+    pub arp_announce: Option<i32>,
+    pub rp_filter: Option<i32>,
 }
+
+/// `IFLA_INET_CONF` in `IFLA_AF_SPEC`'s `AF_INET` part (linux/if_link.h).
+const IFLA_INET_CONF: u16 = 1;
+/// `IPV4_DEVCONF_*` (linux/ip.h): the ids of the settings plexus writes.
+const IPV4_DEVCONF_RP_FILTER: u16 = 8;
+const IPV4_DEVCONF_ARP_ANNOUNCE: u16 = 18;
+const IPV4_DEVCONF_ARP_IGNORE: u16 = 19;
+const IPV4_DEVCONF_ARP_NOTIFY: u16 = 22;
 
 impl Ipv4Conf {
     pub fn is_empty(&self) -> bool {
         *self == Ipv4Conf::default()
     }
 
-    fn to_nl(self) -> InetDevConf {
-        let mut c = InetDevConf::default();
-        c.arp_notify = self.arp_notify;
-        c.arp_ignore = self.arp_ignore;
-        c.arp_announce = self.arp_announce;
-        c.rp_filter = self.rp_filter;
-        c
+    /// The nested `(id, u32)` attributes of the settings given. Written here rather than through
+    /// netlink-packet-route's `InetDevConf`, which leaves out every zero (so a setting could never
+    /// be set to 0).
+    fn to_nl(self) -> AfSpecInet {
+        let entries: Vec<DefaultNla> = [
+            (IPV4_DEVCONF_RP_FILTER, self.rp_filter),
+            (IPV4_DEVCONF_ARP_ANNOUNCE, self.arp_announce),
+            (IPV4_DEVCONF_ARP_IGNORE, self.arp_ignore),
+            (IPV4_DEVCONF_ARP_NOTIFY, self.arp_notify),
+        ]
+        .into_iter()
+        .filter_map(|(id, value)| Some(DefaultNla::new(id, (value? as u32).to_ne_bytes().to_vec())))
+        .collect();
+        let mut nested = vec![0; entries.as_slice().buffer_len()];
+        entries.as_slice().emit(&mut nested);
+        AfSpecInet::Other(DefaultNla::new(IFLA_INET_CONF | NLA_F_NESTED, nested))
     }
 }
 
@@ -270,9 +288,7 @@ impl LinkSocket {
             b = b.setns_by_fd(ns.raw_fd());
         }
         if let Some(conf) = c.ipv4_conf.filter(|c| !c.is_empty()) {
-            b = b.append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
-                AfSpecInet::DevConfRequest(conf.to_nl()),
-            ])]));
+            b = b.append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![conf.to_nl()])]));
         }
         self.ack(&format!("set link #{index}"), RouteNetlinkMessage::SetLink(b.build()), 0).await
     }
@@ -280,5 +296,31 @@ impl LinkSocket {
     pub async fn delete_link(&self, index: u32) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).build();
         self.ack(&format!("delete link #{index}"), RouteNetlinkMessage::DelLink(msg), 0).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_route::link::InetDevConf;
+
+    fn bytes(a: &AfSpecInet) -> Vec<u8> {
+        let mut out = vec![0; a.buffer_len()];
+        a.emit(&mut out);
+        out
+    }
+
+    #[test]
+    fn ipv4_settings_are_the_bytes_netlink_packet_route_sends_and_zero_is_sent_too() {
+        let conf = Ipv4Conf { arp_notify: Some(1), arp_ignore: Some(1), arp_announce: Some(2), rp_filter: Some(2) };
+        let mut theirs = InetDevConf::default();
+        (theirs.arp_notify, theirs.arp_ignore, theirs.arp_announce, theirs.rp_filter) = (1, 1, 2, 2);
+        assert_eq!(bytes(&conf.to_nl()), bytes(&AfSpecInet::DevConfRequest(theirs)));
+        // rp_filter 0: one attribute more than netlink-packet-route would send (it drops zeros).
+        let off = Ipv4Conf { rp_filter: Some(0), ..Default::default() };
+        let sent = bytes(&off.to_nl());
+        assert_eq!(sent.len(), 4 + 8, "the nest header and one (id, u32) attribute");
+        assert_eq!(&sent[4..], [8, 0, 8, 0, 0, 0, 0, 0], "IPV4_DEVCONF_RP_FILTER = 0");
+        assert!(Ipv4Conf::default().is_empty());
     }
 }
