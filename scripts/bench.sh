@@ -290,12 +290,14 @@ fi
 
 if want fuzz; then
 echo "== fuzz: every target to ${FUZZ_RUNS:=10000000} executions (scripts/fuzz.sh)"
-PLEXUS_FUZZ_RUNS=$FUZZ_RUNS bash scripts/fuzz.sh 0 > "$work/fuzz.txt"
+PLEXUS_FUZZ_RUNS=$FUZZ_RUNS PLEXUS_FUZZ_JOBS=${PLEXUS_FUZZ_JOBS:-$(nproc)} bash scripts/fuzz.sh 0 > "$work/fuzz.txt"
 fi
 
 echo "== writing BENCHMARKS.md"
 # Written aside first: a report that cannot be made (a section missing from a reused BENCH_WORK)
 # leaves the previous BENCHMARKS.md as it was.
-python3 scripts/bench/report.py "$work" "$RUNS" > "$work/BENCHMARKS.md"
+python3 scripts/bench/report.py "$work" "$RUNS" > "$work/BENCHMARKS.new.md"
+# Sections this run did not measure (SECTIONS) keep their previous text, marked with its date.
+python3 scripts/bench/merge_report.py "$work/BENCHMARKS.new.md" BENCHMARKS.md > "$work/BENCHMARKS.md"
 mv "$work/BENCHMARKS.md" BENCHMARKS.md
 cat BENCHMARKS.md

@@ -7,6 +7,7 @@
 #   bash scripts/fuzz.sh               # every target, 60 s each
 #   bash scripts/fuzz.sh 600 result    # one target, 10 minutes
 #   PLEXUS_FUZZ_RUNS=10000000 bash scripts/fuzz.sh 0 rdma   # a number of executions instead
+#   PLEXUS_FUZZ_JOBS=2 bash scripts/fuzz.sh 60               # two targets at a time (one core each)
 #
 # Built optimised with debug assertions (overflow checks on), with the nightly toolchain
 # (sanitizers) and cargo-fuzz, installed here when missing. The build, the growing corpora and the
@@ -36,35 +37,50 @@ bin=$dir/target/x86_64-unknown-linux-gnu/release
 rm -rf "$dir/seeds"
 python3 fuzz/seeds.py "$dir/seeds"
 
+# One target: its regressions replayed, then the fuzzer; its report line (and, on a crash, the
+# crash) in $dir/<target>.out, and $dir/<target>.failed when it failed.
+fuzz_one() {
+  local t=$1 corpus=$dir/corpus/$1 log=$dir/$1.log rc=0 execs rate cov crashes=0
+  rm -f "$dir/$t.failed"
+  {
+    mkdir -p "$corpus" "$dir/artifacts/$t" "$dir/seeds/$t"
+    # Crashes found earlier stay fixed.
+    if [ -d "fuzz/regressions/$t" ]; then
+      for f in "fuzz/regressions/$t"/*; do
+        [ -f "$f" ] || continue
+        "$bin/$t" "$f" >"$dir/$t.replay.log" 2>&1 || {
+          echo "$t: regression $f crashes again"; tail -20 "$dir/$t.replay.log"; touch "$dir/$t.failed"; }
+      done
+    fi
+    limit=(-max_total_time="$secs")
+    [ -z "${PLEXUS_FUZZ_RUNS:-}" ] || limit=(-runs="$PLEXUS_FUZZ_RUNS")
+    "$bin/$t" "$corpus" "$dir/seeds/$t" "${limit[@]}" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+      -artifact_prefix="$dir/artifacts/$t/" >"$log" 2>&1 || rc=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+    if [ "$rc" != 0 ]; then
+      crashes=1
+      touch "$dir/$t.failed"
+    fi
+    printf '%-14s %12s %10s %8s %8s\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" "$crashes"
+    if [ "$rc" != 0 ]; then
+      grep -m1 -A15 -E '^(thread|==[0-9]+==ERROR)' "$log" || tail -20 "$log"
+    fi
+  } >"$dir/$t.out"
+}
+
+# PLEXUS_FUZZ_JOBS targets at a time (default 1; each fuzzer uses one core).
+lanes=${PLEXUS_FUZZ_JOBS:-1}
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$lanes" ]; do wait -n || true; done
+  fuzz_one "$t" &
+done
+wait
 failed=0
 printf '%-14s %12s %10s %8s %8s\n' target executions exec/s cov crashes
 for t in "${targets[@]}"; do
-  corpus=$dir/corpus/$t
-  mkdir -p "$corpus" "$dir/artifacts/$t" "$dir/seeds/$t"
-  # Crashes found earlier stay fixed.
-  if [ -d "fuzz/regressions/$t" ]; then
-    for f in "fuzz/regressions/$t"/*; do
-      [ -f "$f" ] || continue
-      "$bin/$t" "$f" >"$dir/$t.replay.log" 2>&1 || { echo "$t: regression $f crashes again"; tail -20 "$dir/$t.replay.log"; failed=1; }
-    done
-  fi
-  limit=(-max_total_time="$secs")
-  [ -z "${PLEXUS_FUZZ_RUNS:-}" ] || limit=(-runs="$PLEXUS_FUZZ_RUNS")
-  log=$dir/$t.log
-  rc=0
-  "$bin/$t" "$corpus" "$dir/seeds/$t" "${limit[@]}" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
-    -artifact_prefix="$dir/artifacts/$t/" >"$log" 2>&1 || rc=$?
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
-  crashes=0
-  if [ "$rc" != 0 ]; then
-    crashes=1
-    failed=1
-  fi
-  printf '%-14s %12s %10s %8s %8s\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" "$crashes"
-  if [ "$rc" != 0 ]; then
-    grep -m1 -A15 -E '^(thread|==[0-9]+==ERROR)' "$log" || tail -20 "$log"
-  fi
+  cat "$dir/$t.out"
+  [ ! -e "$dir/$t.failed" ] || failed=1
 done
 exit $failed

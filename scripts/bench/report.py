@@ -33,86 +33,94 @@ print("inside a node network namespace; the reference plugins are Debian's conta
 print("plexus binaries are the shipped build (`scripts/build-release.sh`: release, statically linked).")
 print("These machines are shared and noisy: read the ratios, not the absolute times.\n")
 
-print("## plexus-macvlan (issue #3)\n")
-add, l2, dele, rss = med("macvlan-add-static"), med("macvlan-add-l2"), med("macvlan-del"), load("macvlan-rss")
-table([
-    ("ADD, static IPAM", add["plexus-macvlan"], "reference macvlan", add["reference-macvlan"], "ms", "≤ 0.7"),
-    ("ADD, L2 only", l2["plexus-macvlan"], "`ip -batch` floor, same netlink operations", l2["ip-batch-floor-same-ops"], "ms", "≤ 1.2"),
-    ("ADD, L2 only", l2["plexus-macvlan"], "`ip -batch` floor, one request", l2["ip-batch-floor-one-request"], "ms", "—"),
-    ("ADD, L2 only", l2["plexus-macvlan"], "reference macvlan", l2["reference-macvlan"], "ms", "—"),
-    ("DEL, static IPAM", dele["plexus-macvlan"], "reference macvlan", dele["reference-macvlan"], "ms", "≤ 1.0"),
-    ("peak RSS of one ADD", rss["ours"] / 1024, "reference macvlan", rss["reference"] / 1024, "MiB", "≤ 1.0"),
-])
-print(f"Run in {len(glob.glob(os.path.join(work, 'macvlan-add-l2.r*.json')))} rounds with the commands' order rotated each round, times pooled: the machine's")
-print("speed drifts over minutes, and a command always measured first or last would carry that drift.")
-print("The floor the issue names does the plugin's netlink operations from one `ip -batch` process: it")
-print("creates the macvlan in the pod under a temporary name, then renames it and brings it up (from")
-print("inside the pod, naming the master by namespace and index). The rename is not free: the kernel")
-print("waits for an RCU grace period in it. The one-request floor creates the link named, sized and up")
-print("in a single request from the node namespace: less work than the issue asks the plugin to do. The")
-print("plugin also looks up the master and the new link and sets `arp_notify`. DEL is measured on a link")
-print("that has been up for 300 ms (the kernel's IPv6 start-up work settled), as in production; most of")
-print("a DEL is the kernel unregistering the link.\n")
+def has(name):
+    """Whether this run measured the section whose results include NAME."""
+    return os.path.exists(os.path.join(work, name + ".json")) or bool(glob.glob(os.path.join(work, name + ".r*.json")))
 
-print("## plexus-ipam (issue #4)\n")
-ours_add, hl_add = med("ipam-add")["plexus-ipam"], med("ipam-add-hl")["host-local"]
-co, ch = load("ipam-conc-ours"), load("ipam-conc-hl")
-def thru(r):
-    return 2 * r["count"] / (r["add"]["seconds"] + r["del"]["seconds"])
-table([
-    ("single ADD, /24", ours_add, "host-local", hl_add, "ms", "≤ 1.0"),
-    ("512 ADD + 512 DEL, 16 clients: throughput", thru(co), "host-local", thru(ch), "ops/s", "≥ 2.0"),
-    ("… ADD phase", co["count"] / co["add"]["seconds"], "host-local", ch["count"] / ch["add"]["seconds"], "ops/s", "—"),
-    ("… DEL phase", co["count"] / co["del"]["seconds"], "host-local", ch["count"] / ch["del"]["seconds"], "ops/s", "—"),
-])
-print(f"Distinct addresses from the 512 concurrent ADDs: plexus {co['distinct']}, host-local {ch['distinct']}.\n")
-print("Allocation time (median single ADD, 100 runs) as the pool fills — plexus-ipam on a /16 (65534")
-print("addresses), host-local on a /20 (4094: its ADD scans every allocation file, so a /16 is out of reach):\n")
-print("| fill | plexus-ipam, /16 (ms) | × its 10 % time | host-local, /20 (ms) | × its 10 % time |")
-print("|---:|---:|---:|---:|---:|")
-base_o, base_h = med("ipam-curve-ours-10")["ours"], med("ipam-curve-hl-10")["hl"]
-for pct in (10, 30, 50, 70, 90):
-    o, h = med(f"ipam-curve-ours-{pct}")["ours"], med(f"ipam-curve-hl-{pct}")["hl"]
-    print(f"| {pct} % | {o:.2f} | {o/base_o:.2f} | {h:.2f} | {h/base_h:.2f} |")
-print("\nTarget: plexus at 90 % ≤ 1.5 × its time at 10 %.\n")
-e = load("ipam-etcd")
-print("etcd store (a real etcd 3.4 on loopback in the node namespace), 1000 allocations from 16 concurrent")
-print("clients spread over 4 simulated nodes (`nodeName`), `blockSize` 16:\n")
-print(f"- distinct addresses: {e['distinct']} of {e['count']} (zero duplicates: {e['distinct'] == e['count']})")
-print(f"- ADD: {e['add']['seconds']} s in total, {e['add']['ops_per_s']} ADD/s, per-ADD median {e['add']['median_ms']} ms")
-print(f"- DEL: {e['del']['seconds']} s in total, {e['del']['ops_per_s']} DEL/s, per-DEL median {e['del']['median_ms']} ms")
+if has("macvlan-rss"):
+    print("## plexus-macvlan (issue #3)\n")
+    add, l2, dele, rss = med("macvlan-add-static"), med("macvlan-add-l2"), med("macvlan-del"), load("macvlan-rss")
+    table([
+        ("ADD, static IPAM", add["plexus-macvlan"], "reference macvlan", add["reference-macvlan"], "ms", "≤ 0.7"),
+        ("ADD, L2 only", l2["plexus-macvlan"], "`ip -batch` floor, same netlink operations", l2["ip-batch-floor-same-ops"], "ms", "≤ 1.2"),
+        ("ADD, L2 only", l2["plexus-macvlan"], "`ip -batch` floor, one request", l2["ip-batch-floor-one-request"], "ms", "—"),
+        ("ADD, L2 only", l2["plexus-macvlan"], "reference macvlan", l2["reference-macvlan"], "ms", "—"),
+        ("DEL, static IPAM", dele["plexus-macvlan"], "reference macvlan", dele["reference-macvlan"], "ms", "≤ 1.0"),
+        ("peak RSS of one ADD", rss["ours"] / 1024, "reference macvlan", rss["reference"] / 1024, "MiB", "≤ 1.0"),
+    ])
+    print(f"Run in {len(glob.glob(os.path.join(work, 'macvlan-add-l2.r*.json')))} rounds with the commands' order rotated each round, times pooled: the machine's")
+    print("speed drifts over minutes, and a command always measured first or last would carry that drift.")
+    print("The floor the issue names does the plugin's netlink operations from one `ip -batch` process: it")
+    print("creates the macvlan in the pod under a temporary name, then renames it and brings it up (from")
+    print("inside the pod, naming the master by namespace and index). The rename is not free: the kernel")
+    print("waits for an RCU grace period in it. The one-request floor creates the link named, sized and up")
+    print("in a single request from the node namespace: less work than the issue asks the plugin to do. The")
+    print("plugin also looks up the master and the new link and sets `arp_notify`. DEL is measured on a link")
+    print("that has been up for 300 ms (the kernel's IPv6 start-up work settled), as in production; most of")
+    print("a DEL is the kernel unregistering the link.\n")
 
-print("\n## plexus-host-device (issue #5)\n")
-hd, up = med("hostdev-cycle"), load("upstream")["version"]
-table([
-    ("ADD+DEL cycle, static IPAM", hd["plexus-host-device"], f"upstream host-device ({up})", hd["upstream-host-device"], "ms", "≤ 0.6"),
-    ("ADD+DEL cycle, static IPAM", hd["plexus-host-device"], "reference host-device (1.1.1)", hd["reference-host-device"], "ms", "—"),
-    ("ADD+DEL cycle, static IPAM", hd["plexus-host-device"], "floor: one move each way by `ip`", hd["floor-one-move"], "ms", "—"),
-])
-print("One timed command runs ADD then DEL (hyperfine's shell mode, which subtracts the shell's start-up).")
-print(f"The target is set against upstream's host-device, which moves the device twice each way through a")
-print(f"temporary namespace (plugins#1073): Debian unstable's build, {up}, fetched and verified by")
-print("`scripts/tools/fetch-upstream-plugins.sh`; both use Debian's `static` IPAM. Debian bookworm's 1.1.1")
-print("predates that change and moves once each way, as plexus does. A namespace move is one RTM_SETLINK")
-print("that spends 9–27 ms in the kernel (strace -T; it waits for RCU), so plexus and 1.1.1 both sit on the")
-print("one-move floor, which `ip` commands doing the same kernel work measure. plexus also restores MTU,")
-print("MAC, alias, addresses and admin state on DEL (the references rename the device back and leave it")
-print("down).\n")
+if has("ipam-add") and has("ipam-curve-ours-90") and has("ipam-etcd"):  # sections ipam, fill and etcd
+    print("## plexus-ipam (issue #4)\n")
+    ours_add, hl_add = med("ipam-add")["plexus-ipam"], med("ipam-add-hl")["host-local"]
+    co, ch = load("ipam-conc-ours"), load("ipam-conc-hl")
+    def thru(r):
+        return 2 * r["count"] / (r["add"]["seconds"] + r["del"]["seconds"])
+    table([
+        ("single ADD, /24", ours_add, "host-local", hl_add, "ms", "≤ 1.0"),
+        ("512 ADD + 512 DEL, 16 clients: throughput", thru(co), "host-local", thru(ch), "ops/s", "≥ 2.0"),
+        ("… ADD phase", co["count"] / co["add"]["seconds"], "host-local", ch["count"] / ch["add"]["seconds"], "ops/s", "—"),
+        ("… DEL phase", co["count"] / co["del"]["seconds"], "host-local", ch["count"] / ch["del"]["seconds"], "ops/s", "—"),
+    ])
+    print(f"Distinct addresses from the 512 concurrent ADDs: plexus {co['distinct']}, host-local {ch['distinct']}.\n")
+    print("Allocation time (median single ADD, 100 runs) as the pool fills — plexus-ipam on a /16 (65534")
+    print("addresses), host-local on a /20 (4094: its ADD scans every allocation file, so a /16 is out of reach):\n")
+    print("| fill | plexus-ipam, /16 (ms) | × its 10 % time | host-local, /20 (ms) | × its 10 % time |")
+    print("|---:|---:|---:|---:|---:|")
+    base_o, base_h = med("ipam-curve-ours-10")["ours"], med("ipam-curve-hl-10")["hl"]
+    for pct in (10, 30, 50, 70, 90):
+        o, h = med(f"ipam-curve-ours-{pct}")["ours"], med(f"ipam-curve-hl-{pct}")["hl"]
+        print(f"| {pct} % | {o:.2f} | {o/base_o:.2f} | {h:.2f} | {h/base_h:.2f} |")
+    print("\nTarget: plexus at 90 % ≤ 1.5 × its time at 10 %.\n")
+    e = load("ipam-etcd")
+    print("etcd store (a real etcd 3.4 on loopback in the node namespace), 1000 allocations from 16 concurrent")
+    print("clients spread over 4 simulated nodes (`nodeName`), `blockSize` 16:\n")
+    print(f"- distinct addresses: {e['distinct']} of {e['count']} (zero duplicates: {e['distinct'] == e['count']})")
+    print(f"- ADD: {e['add']['seconds']} s in total, {e['add']['ops_per_s']} ADD/s, per-ADD median {e['add']['median_ms']} ms")
+    print(f"- DEL: {e['del']['seconds']} s in total, {e['del']['ops_per_s']} DEL/s, per-DEL median {e['del']['median_ms']} ms")
 
-print("## plexus meta-plugin (issue #6)\n")
-direct, meta, mrss = med("meta-direct")["plexus-macvlan"], med("meta-nad")["plexus"], load("meta-rss")["meta"]
-print("| what | median (ms) |")
-print("|---|---:|")
-print(f"| plexus-macvlan called directly, L2-only ADD | {direct:.2f} |")
-print(f"| the same through plexus (NAD from `nadDir`, delegate cache written) | {meta:.2f} |")
-print(f"| **overhead of plexus, NAD from `nadDir`** (target ≤ 2 ms) | **{meta - direct:.2f}** |")
-api = med("meta-api-result")["plexus"]
-print(f"| the same through plexus with the Kubernetes API (fake API server, HTTPS: pod GET, NAD GET, status PATCH) | {api:.2f} |")
-print(f"| **overhead of plexus, Kubernetes API** (target ≤ 10 ms) | **{api - direct:.2f}** |")
-print(f"| peak RSS of one plexus ADD (`nadDir`) | {mrss/1024:.1f} MiB |")
-print("\nEach timed plexus ADD is a fresh pod's: the previous run's link and delegate cache are removed")
-print("before it (outside the timing), as DEL would; the cache is written once before the delegate and")
-print("the delegate's result appended to it.")
+if has("hostdev-cycle"):
+    print("\n## plexus-host-device (issue #5)\n")
+    hd, up = med("hostdev-cycle"), load("upstream")["version"]
+    table([
+        ("ADD+DEL cycle, static IPAM", hd["plexus-host-device"], f"upstream host-device ({up})", hd["upstream-host-device"], "ms", "≤ 0.6"),
+        ("ADD+DEL cycle, static IPAM", hd["plexus-host-device"], "reference host-device (1.1.1)", hd["reference-host-device"], "ms", "—"),
+        ("ADD+DEL cycle, static IPAM", hd["plexus-host-device"], "floor: one move each way by `ip`", hd["floor-one-move"], "ms", "—"),
+    ])
+    print("One timed command runs ADD then DEL (hyperfine's shell mode, which subtracts the shell's start-up).")
+    print(f"The target is set against upstream's host-device, which moves the device twice each way through a")
+    print(f"temporary namespace (plugins#1073): Debian unstable's build, {up}, fetched and verified by")
+    print("`scripts/tools/fetch-upstream-plugins.sh`; both use Debian's `static` IPAM. Debian bookworm's 1.1.1")
+    print("predates that change and moves once each way, as plexus does. A namespace move is one RTM_SETLINK")
+    print("that spends 9–27 ms in the kernel (strace -T; it waits for RCU), so plexus and 1.1.1 both sit on the")
+    print("one-move floor, which `ip` commands doing the same kernel work measure. plexus also restores MTU,")
+    print("MAC, alias, addresses and admin state on DEL (the references rename the device back and leave it")
+    print("down).\n")
+
+if has("meta-rss"):
+    print("## plexus meta-plugin (issue #6)\n")
+    direct, meta, mrss = med("meta-direct")["plexus-macvlan"], med("meta-nad")["plexus"], load("meta-rss")["meta"]
+    print("| what | median (ms) |")
+    print("|---|---:|")
+    print(f"| plexus-macvlan called directly, L2-only ADD | {direct:.2f} |")
+    print(f"| the same through plexus (NAD from `nadDir`, delegate cache written) | {meta:.2f} |")
+    print(f"| **overhead of plexus, NAD from `nadDir`** (target ≤ 2 ms) | **{meta - direct:.2f}** |")
+    api = med("meta-api-result")["plexus"]
+    print(f"| the same through plexus with the Kubernetes API (fake API server, HTTPS: pod GET, NAD GET, status PATCH) | {api:.2f} |")
+    print(f"| **overhead of plexus, Kubernetes API** (target ≤ 10 ms) | **{api - direct:.2f}** |")
+    print(f"| peak RSS of one plexus ADD (`nadDir`) | {mrss/1024:.1f} MiB |")
+    print("\nEach timed plexus ADD is a fresh pod's: the previous run's link and delegate cache are removed")
+    print("before it (outside the timing), as DEL would; the cache is written once before the delegate and")
+    print("the delegate's result appended to it.")
 
 if os.path.exists(os.path.join(work, "cluster.json")):
     c = load("cluster")
@@ -175,9 +183,8 @@ if os.path.exists(os.path.join(work, "ipam-k8s.json")):
     print("without the node's turn-taking, 16 concurrent patches of one pool overloaded this 2-core API")
     print("server (patches past 30 s).")
 
-if os.path.exists(os.path.join(work, "soak.json")) or os.path.exists(os.path.join(work, "fuzz.txt")):
-    print("\n## Reliability (issue #19)")
 if os.path.exists(os.path.join(work, "soak.json")):
+    print("\n## Soak (issue #19)")
     s = load("soak")
     f, l = s["first_1000"], s["last_1000"]
     first, last = s["samples"][0], s["samples"][-1]
@@ -199,6 +206,7 @@ if os.path.exists(os.path.join(work, "soak.json")):
     print("(every call is a process of its own: nothing of plexus lives between cycles; the slab grows by the")
     print("kernel's cache of names that came and went, one container ID per cycle, which it reclaims under pressure).")
 if os.path.exists(os.path.join(work, "fuzz.txt")):
+    print("\n## Fuzzing (issue #19)")
     print("\nFuzzing (`scripts/fuzz.sh`, cargo-fuzz/libFuzzer, optimised with debug assertions): each target")
     print("from the seeds of the test fixtures and the corpus earlier runs grew.\n")
     print("```")
