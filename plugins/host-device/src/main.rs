@@ -360,21 +360,34 @@ fn restore(
     let pod = netns.and_then(|p| Netns::open(p).ok());
     configure::runtime()?.block_on(async {
         let node_sock = LinkSocket::current()?;
-        if let Some(pod) = &pod
-            && let Ok(pod_sock) = LinkSocket::open(pod)
-            && let Some(link) = state::find(&pod_sock, ifname, &mark).await?
-        {
-            if let Some(r) = host.and_then(|h| h.rdma_moved.as_deref())
-                && let Err(e) = rdma::move_back(pod, &node, r)
-            {
-                tracing::error!("RDMA device {r} not moved back: {e}");
-            }
-            return state::return_to_host(Some(&pod_sock), &node_sock, &node, &link, host).await;
-        }
-        if let Some(link) = state::find(&node_sock, ifname, &mark).await? {
-            return state::return_to_host(None, &node_sock, &node, &link, host).await;
-        }
-        tracing::debug!(ifname, "device already gone or back: nothing to restore");
-        Ok(())
+        let pod_sock = pod.as_ref().and_then(|p| LinkSocket::open(p).ok());
+        let in_pod = pod.as_ref().zip(pod_sock.as_ref());
+        restore_on(&node_sock, &node, in_pod, ifname, &mark, host).await
     })
+}
+
+/// [`restore`] on open sockets: the node's, and the pod's when its namespace is still there.
+async fn restore_on<K: Kernel>(
+    node_sock: &K,
+    node: &Netns,
+    pod: Option<(&Netns, &K)>,
+    ifname: &str,
+    mark: &state::Mark,
+    host: Option<&HostState>,
+) -> Result<(), Error> {
+    if let Some((pod, pod_sock)) = pod
+        && let Some(link) = state::find(pod_sock, ifname, mark).await?
+    {
+        if let Some(r) = host.and_then(|h| h.rdma_moved.as_deref())
+            && let Err(e) = rdma::move_back(pod, node, r)
+        {
+            tracing::error!("RDMA device {r} not moved back: {e}");
+        }
+        return state::return_to_host(Some(pod_sock), node_sock, node, &link, host).await;
+    }
+    if let Some(link) = state::find(node_sock, ifname, mark).await? {
+        return state::return_to_host(None, node_sock, node, &link, host).await;
+    }
+    tracing::debug!(ifname, "device already gone or back: nothing to restore");
+    Ok(())
 }

@@ -179,3 +179,67 @@ fn a_device_moved_whose_rename_then_failed_is_found_under_its_host_name_and_mac_
     let stranger = HostState { mac: Some("02:00:00:00:00:99".into()), ..host };
     assert_eq!(rt.block_on(state::find_moved(&rig.pod_sock, "net1", &stranger)).unwrap(), None);
 }
+
+impl Rig {
+    /// DEL's kernel part for attachment c1/net1, with the state ADD saved (when there is one).
+    fn restore(&self, pod_reachable: bool) -> Result<(), Error> {
+        let host = state::load(&self.dir.path().join("state/c1=net1"));
+        let mark = state::Mark::of("c1", "net1", host.as_ref());
+        let pod = pod_reachable.then_some((&self.pod, &self.pod_sock));
+        configure::runtime()?.block_on(restore_on(&self.node_sock, &self.node, pod, "net1", &mark, host.as_ref()))
+    }
+}
+
+#[test]
+fn del_moves_the_device_back_then_restores_mtu_mac_addresses_and_state_and_clears_the_marker_last() {
+    let rig = Rig::new();
+    let before = rig.kernel.snapshot();
+    rig.add().unwrap();
+    let added = rig.kernel.verbs();
+    rig.restore(true).unwrap();
+    let i = rig.port.index;
+    let node = rig.node.path().display().to_string();
+    let del: Vec<String> = rig.kernel.log()[added..].to_vec();
+    assert_eq!(
+        del,
+        vec![
+            "pod: get link net1".to_string(),
+            format!("pod: set link #{i} netns {node} name ens2f0np0"),
+            "node: get link ens2f0np0".to_string(),
+            format!("node: set link #{i} mtu 9000 mac"),
+            format!("node: list addresses of #{i}"),
+            format!("node: add address 198.18.9.1/24 to #{i} nodad"),
+            format!("node: set link #{i} up"),
+            format!("node: set link #{i} alias "),
+        ]
+    );
+    assert_eq!(rig.kernel.snapshot(), before, "the node as it was, the pod empty");
+    rig.restore(true).unwrap();
+    assert_eq!(rig.kernel.snapshot(), before, "a second DEL finds nothing and succeeds");
+}
+
+#[test]
+fn del_finds_a_device_the_kernel_returned_to_the_node_under_its_pod_name_by_its_marker() {
+    let rig = Rig::new();
+    let before = rig.kernel.snapshot();
+    rig.add().unwrap();
+    // The pod's namespace died: the kernel put the device back in the node, still named net1.
+    let node = Netns::open(rig.node.path()).unwrap();
+    let back = LinkChange { netns: Some(&node), ..Default::default() };
+    configure::runtime().unwrap().block_on(rig.pod_sock.set_link(rig.port.index, &back)).unwrap();
+    rig.restore(false).unwrap();
+    assert_eq!(rig.kernel.snapshot(), before);
+}
+
+#[test]
+fn del_of_another_attachment_never_takes_this_ones_device() {
+    let rig = Rig::new();
+    rig.add().unwrap();
+    let attached = rig.kernel.snapshot();
+    let mark = state::Mark::of("c1", "net3", None);
+    configure::runtime()
+        .unwrap()
+        .block_on(restore_on(&rig.node_sock, &rig.node, Some((&rig.pod, &rig.pod_sock)), "net3", &mark, None))
+        .unwrap();
+    assert_eq!(rig.kernel.snapshot(), attached, "net1's device stays in the pod, as it was");
+}
