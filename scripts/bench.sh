@@ -196,7 +196,7 @@ ip netns exec "$node" etcd --name bench --data-dir "$etcd_dir" --log-level error
   --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
   --initial-cluster "bench=http://127.0.0.1:$pport" > "$work/etcd.log" 2>&1 &
 etcd_pid=$!
-trap 'kill $etcd_pid 2>/dev/null; wait $etcd_pid 2>/dev/null; cleanup' EXIT
+trap 'kill $etcd_pid 2>/dev/null; wait $etcd_pid 2>/dev/null || true; cleanup' EXIT
 # etcd endpoints come from a store profile of the node policy, never from a network config.
 printf '{"dataRoots": ["%s"], "stores": {"bench-etcd": {"etcd": {"endpoints": ["http://127.0.0.1:%s"], "blockSize": 16}}}}\n' \
   "$work" "$cport" > "$work/policy.json"
