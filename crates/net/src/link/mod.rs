@@ -30,8 +30,9 @@ use crate::netns::{InNetns, Netns};
 #[derive(Clone, Debug)]
 pub struct LinkSocket {
     handle: Handle,
-    /// The namespace the socket is bound to (its sysctls are written there).
-    netns: Arc<Netns>,
+    /// The namespace the socket is bound to (its sysctls are written there); `None`: the
+    /// calling thread's, opened only when a sysctl is written (most plugin runs write none).
+    netns: Option<Arc<Netns>>,
 }
 
 /// A socket [`LinkSocket::opening`] is opening in another namespace.
@@ -49,7 +50,7 @@ impl OpeningSocket {
         let socket = unsafe { TokioSocket::from_raw_fd(fd.into_raw_fd()) };
         let (conn, handle, _) = rtnetlink::from_socket(socket);
         tokio::spawn(conn);
-        Ok(LinkSocket { handle, netns: Arc::new(self.netns) })
+        Ok(LinkSocket { handle, netns: Some(Arc::new(self.netns)) })
     }
 }
 
@@ -75,10 +76,9 @@ impl LinkSocket {
 
     /// A socket in the calling thread's namespace.
     pub fn current() -> Result<LinkSocket> {
-        let netns = Arc::new(Netns::current()?);
         let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| NetError::io("open netlink socket", e))?;
         tokio::spawn(conn);
-        Ok(LinkSocket { handle, netns })
+        Ok(LinkSocket { handle, netns: None })
     }
 
     async fn request(&self, op: &str, msg: RouteNetlinkMessage, flags: u16) -> Result<Vec<RouteNetlinkMessage>> {
@@ -157,7 +157,11 @@ impl Kernel for LinkSocket {
         LinkSocket::rules(self).await
     }
     fn write_sysctls(&self, settings: &[(PathBuf, &str)]) -> Result<()> {
-        self.netns.write_sysctls(settings)
+        match &self.netns {
+            Some(ns) => ns.write_sysctls(settings),
+            None if settings.is_empty() => Ok(()),
+            None => Netns::current()?.write_sysctls(settings),
+        }
     }
 }
 
