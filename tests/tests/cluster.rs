@@ -180,6 +180,21 @@ impl Cluster {
         std::fs::read_dir(self.data().join(sub)).map(|d| d.count()).unwrap_or(0)
     }
 
+    fn data_names(&self, sub: &str) -> Vec<String> {
+        let entries = std::fs::read_dir(self.data().join(sub));
+        entries.map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
+    }
+
+    /// Waits for host-device state and the meta-plugin's cache to be empty; names what is left.
+    fn wait_no_state_or_cache(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.data_files("hd") + self.data_files("meta") > 0 {
+            let left = (self.data_names("hd"), self.data_names("meta"));
+            assert!(Instant::now() < deadline, "state or cache left after 30 s (hd, meta): {left:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     fn node_ip(&self, args: &[&str]) -> String {
         let out = Command::new("ip").args(["-n", self.var("NODE_NETNS")]).args(args).output().unwrap();
         assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -319,7 +334,9 @@ fn kubelet_runs_a_pod_on_two_plexus_networks_and_a_missing_nad_fails_cleanly() {
     c.delete("default", &["pod", "trainer"]);
     wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
     wait_until("device back on the node", Duration::from_secs(30), || c.node_link_up("ens2f0np0"));
-    assert_eq!((c.data_files("hd"), c.data_files("meta")), (0, 0), "no state or cache left");
+    // The cache file goes last, after every delegate's DEL: the kubelet's DEL may still be
+    // finishing when the device is back.
+    c.wait_no_state_or_cache();
     // A NAD that does not exist: the pod's events carry plexus's error, nothing leaks.
     c.apply(&c.pod("default", "orphan", "nosuch"));
     c.wait_event("default", "orphan", "cannot find a network-attachment-definition (nosuch) in namespace (default)");
@@ -380,7 +397,9 @@ fn pods_keep_their_networks_across_kubelet_and_containerd_restarts_and_del_needs
     c.delete("default", &["pod", "steady"]);
     wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
     wait_until("device back on the node", Duration::from_secs(30), || c.node_link_up("ens2f0np0"));
-    assert_eq!((c.data_files("hd"), c.data_files("meta")), (0, 0), "no state or cache left");
+    // The cache file goes last, after every delegate's DEL: the kubelet's DEL may still be
+    // finishing when the device is back.
+    c.wait_no_state_or_cache();
 }
 
 #[test]
@@ -521,7 +540,7 @@ fn a_pod_learns_its_roce_v2_gid_index_from_network_status_through_the_downward_a
     });
     c.delete("default", &["pod", "nccl-worker"]);
     wait_until("address released", Duration::from_secs(30), || c.reservations() == 0);
-    assert_eq!(c.data_files("meta"), 0);
+    c.wait_no_state_or_cache();
     assert_eq!(std::fs::read_dir(c.state().join("devinfo")).map(|d| d.count()).unwrap_or(0), 0, "device-info removed");
 }
 
