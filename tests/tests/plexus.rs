@@ -109,8 +109,9 @@ fn two_networks_one_a_conflist_attach_as_net1_and_net2_and_del_removes_everythin
     let cached = &values[0];
     assert_eq!(cached["attachments"][1]["network"], "default/rail1");
     assert_eq!(values.len(), 3, "the head and two results");
-    assert_eq!(values[2]["attachment"], 1);
-    assert_eq!(values[2]["result"]["ips"][0]["address"], "198.18.21.1/24");
+    // The two delegates ran at once: their records are in the order they finished.
+    let rail1 = values[1..].iter().find(|v| v["attachment"] == 1).expect("a record for attachment 1");
+    assert_eq!(rail1["result"]["ips"][0]["address"], "198.18.21.1/24");
     assert_eq!(cached["attachments"][1]["conf"]["plugins"][1]["type"], "tuning", "the conflist is kept whole");
 
     let check = s.run("CHECK", &c);
@@ -420,4 +421,173 @@ fn del_removes_the_cache_temp_files_a_killed_plexus_left_and_succeeds_on_a_read_
     let _ro = plexus_tests::Mount::read_only(&s.cache_dir());
     let out = s.run("DEL", &c);
     assert!(out.success(), "{}", out.stdout);
+}
+
+/// A delegate that shows how plexus ran it, in `dir/log`: each ADD or DEL logs `begin <verb>
+/// <ifname>`, and on a `netN` interface waits (up to 5 s) until `peers` ADDs (DELs) have begun —
+/// they can only all have begun if they run at once — then logs `end <verb> <ifname> <begun>`;
+/// `overlap <verb> <ifname>` when another was running as it began. Its ADD result is the address
+/// 198.18.22.N/24 (9 for eth0), after a sleep that makes net1 finish last; a config with
+/// `"fail": true` fails it with code 11.
+struct Probe {
+    dir: tempfile::TempDir,
+}
+
+impl Probe {
+    fn new(peers: usize) -> Probe {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let script = format!(
+            r#"#!/bin/sh
+d={d}
+conf=$(cat)
+case "$CNI_COMMAND" in ADD|DEL) ;; *) exit 0 ;; esac
+case "$CNI_IFNAME" in eth0) n=9 ;; *) n=${{CNI_IFNAME#net}} ;; esac
+mkdir "$d/running" 2>/dev/null && own=1 || echo "overlap $CNI_COMMAND $CNI_IFNAME" >>"$d/log"
+echo "begin $CNI_COMMAND $CNI_IFNAME" >>"$d/log"
+touch "$d/begun-$CNI_COMMAND-$CNI_IFNAME"
+begun() {{ ls "$d" | grep -c "^begun-$CNI_COMMAND-net"; }}
+i=0
+case "$CNI_IFNAME" in net*) while [ "$(begun)" -lt {peers} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done ;; esac
+sleep 0.$((10 - n))
+echo "end $CNI_COMMAND $CNI_IFNAME $(begun)" >>"$d/log"
+[ -z "$own" ] || rmdir "$d/running"
+[ "$CNI_COMMAND" = ADD ] || exit 0
+case "$conf" in *'"fail":true'*) echo '{{"cniVersion":"1.0.0","code":11,"msg":"probe failed as asked"}}'; exit 1 ;; esac
+printf '{{"cniVersion":"1.0.0","interfaces":[{{"name":"%s","sandbox":"%s"}}],"ips":[{{"address":"198.18.22.%s/24","interface":0}}]}}' "$CNI_IFNAME" "$CNI_NETNS" "$n"
+"#
+        );
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        let bin = dir.path().join("bin/probe");
+        std::fs::write(&bin, script).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Probe { dir }
+    }
+
+    fn log(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// A meta config running the probe networks named (`p1`, `p2`, ... in `s`'s NAD dir).
+    fn conf(&self, s: &Standalone, networks: &str, fail: &[&str]) -> Value {
+        // The cluster network's NAD lives in multusNamespace (kube-system), as with Multus.
+        for (n, ns) in networks.split(',').map(|n| (n, "default")).chain([("cluster", "kube-system")]) {
+            let mut conf = json!({"cniVersion": "1.0.0", "name": n, "type": "probe"});
+            if fail.contains(&n) {
+                conf["fail"] = json!(true);
+            }
+            s.nad(n, ns, conf);
+        }
+        let mut c = s.conf(networks);
+        c["binDir"] = json!(self.dir.path().join("bin"));
+        c
+    }
+
+    fn lines(&self, prefix: &str) -> Vec<String> {
+        self.log().into_iter().filter(|l| l.starts_with(prefix)).collect()
+    }
+}
+
+#[test]
+fn a_pods_attachments_are_added_and_deleted_at_once_and_results_keep_annotation_order() {
+    let s = Standalone::new();
+    let probe = Probe::new(4);
+    let c = probe.conf(&s, "p1,p2,p3,p4", &[]);
+    let r = s.run("ADD", &c).result();
+    // Every ADD saw all four begun before it ended: they ran at once.
+    let mut ends = probe.lines("end ADD");
+    ends.sort();
+    assert_eq!(ends, ["end ADD net1 4", "end ADD net2 4", "end ADD net3 4", "end ADD net4 4"], "{:?}", probe.log());
+    // net1 finished last, yet the result and the cache keep annotation order.
+    assert_eq!(probe.lines("end ADD").last().map(String::as_str), Some("end ADD net1 4"));
+    let names: Vec<&str> = r["interfaces"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["net1", "net2", "net3", "net4"]);
+    let ips: Vec<(&str, u64)> = r["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["address"].as_str().unwrap(), i["interface"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ips, [("198.18.22.1/24", 0), ("198.18.22.2/24", 1), ("198.18.22.3/24", 2), ("198.18.22.4/24", 3)]);
+    let bytes = std::fs::read(s.cache_dir().join("pod1")).unwrap();
+    let mut records: Vec<(u64, String)> = serde_json::Deserializer::from_slice(&bytes)
+        .into_iter::<Value>()
+        .skip(1)
+        .map(|v| {
+            let v = v.unwrap();
+            (v["attachment"].as_u64().unwrap(), v["result"]["ips"][0]["address"].as_str().unwrap().to_string())
+        })
+        .collect();
+    records.sort();
+    assert_eq!(records.len(), 4, "one whole record per attachment: {records:?}");
+    assert!(records.iter().enumerate().all(|(i, (a, ip))| *a == i as u64 && *ip == format!("198.18.22.{}/24", i + 1)));
+    // DEL: all four at once too.
+    assert!(s.run("DEL", &c).success());
+    let mut ends = probe.lines("end DEL");
+    ends.sort();
+    assert_eq!(ends, ["end DEL net1 4", "end DEL net2 4", "end DEL net3 4", "end DEL net4 4"], "{:?}", probe.log());
+    assert!(!s.cache_dir().join("pod1").exists());
+}
+
+#[test]
+fn the_cluster_network_is_added_before_the_other_attachments_and_deleted_after_them() {
+    let s = Standalone::new();
+    let probe = Probe::new(2);
+    let mut c = probe.conf(&s, "p1,p2", &[]);
+    c["clusterNetwork"] = json!("cluster");
+    let r = s.run("ADD", &c).result();
+    assert_eq!(r["ips"][0]["address"], "198.18.22.9/24", "the runtime gets the cluster network's result");
+    let log = probe.log();
+    assert_eq!(log[..2], ["begin ADD eth0", "end ADD eth0 0"], "{log:?}");
+    assert_eq!(probe.lines("end ADD net").len(), 2, "{log:?}");
+    assert!(probe.lines("end ADD net").iter().all(|l| l.ends_with(" 2")), "net1 and net2 at once: {log:?}");
+    assert!(s.run("DEL", &c).success());
+    let log = probe.log();
+    assert_eq!(log[log.len() - 2..], ["begin DEL eth0", "end DEL eth0 2"], "{log:?}");
+}
+
+#[test]
+fn parallel_false_runs_the_attachments_one_after_another_in_annotation_order() {
+    let s = Standalone::new();
+    let probe = Probe::new(1);
+    let mut c = probe.conf(&s, "p1,p2,p3", &[]);
+    c["parallel"] = json!(false);
+    s.run("ADD", &c).result();
+    assert!(s.run("DEL", &c).success());
+    assert_eq!(
+        probe.log(),
+        [
+            "begin ADD net1",
+            "end ADD net1 1",
+            "begin ADD net2",
+            "end ADD net2 2",
+            "begin ADD net3",
+            "end ADD net3 3",
+            "begin DEL net3",
+            "end DEL net3 1",
+            "begin DEL net2",
+            "end DEL net2 2",
+            "begin DEL net1",
+            "end DEL net1 3"
+        ],
+        "never two at once, DEL in reverse"
+    );
+}
+
+#[test]
+fn a_failure_among_concurrent_attachments_rolls_back_all_of_them_and_names_the_first_in_order() {
+    let s = Standalone::new();
+    let probe = Probe::new(4);
+    let c = probe.conf(&s, "p1,p2,p3,p4", &["p2", "p4"]);
+    let (code, msg, _) = s.run("ADD", &c).error();
+    assert_eq!(code, 11, "the delegate's code: {msg}");
+    assert!(msg.contains("adding network default/p2 (net2)"), "the first failure in annotation order: {msg}");
+    assert!(msg.ends_with("probe failed as asked"), "{msg}");
+    // Every attachment was sent its ADD, so every one gets its DEL (the failed ones too), all at
+    // once as they were added.
+    let mut dels = probe.lines("end DEL");
+    dels.sort();
+    assert_eq!(dels, ["end DEL net1 4", "end DEL net2 4", "end DEL net3 4", "end DEL net4 4"], "{:?}", probe.log());
+    assert!(!s.cache_dir().join("pod1").exists(), "no cache survives a failed ADD");
 }

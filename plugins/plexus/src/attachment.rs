@@ -114,6 +114,11 @@ impl Attachment {
         Ok(())
     }
 
+    /// `network <name> (<ifname>)`, as errors and logs name an attachment.
+    pub fn describe(&self) -> String {
+        format!("network {} ({})", self.network, self.ifname)
+    }
+
     fn env(&self, base: &CniEnv) -> CniEnv {
         let mut env = CniEnv { ifname: self.ifname.clone(), ..base.clone() };
         if !self.cni_args.is_empty() {

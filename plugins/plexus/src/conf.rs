@@ -61,6 +61,15 @@ pub struct MetaConf {
     /// admin's key, as every meta config key).
     #[serde(default)]
     pub pod_resources_socket: Option<PathBuf>,
+    /// plexus: ADD and DEL a pod's attachments concurrently (the cluster network on its own,
+    /// first on ADD and last on DEL); `false` runs them one after another as Multus does. The
+    /// admin's key, as every meta config key.
+    #[serde(default = "default_parallel")]
+    pub parallel: bool,
+}
+
+fn default_parallel() -> bool {
+    true
 }
 
 fn default_conf_dir() -> PathBuf {

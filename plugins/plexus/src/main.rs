@@ -2,11 +2,14 @@
 //!
 //! ADD: config → wait for the readiness file → the pod's attachments (cluster network, default
 //! networks, selected NADs; interface names, device IDs, capability args) → write the delegate
-//! cache → each delegate's ADD in order (recording its result) → on failure, DEL the ones added in
-//! reverse and report the network with the delegate's code and message → network-status →
-//! the cluster network's result (or all of them combined).
+//! cache → the delegates' ADDs (the cluster network first, then the others concurrently, or one
+//! after another with `"parallel": false`; each result recorded) → on failure, DEL every one sent
+//! an ADD, in reverse, and report the first failed network in annotation order with the
+//! delegate's code and message → network-status → the cluster network's result (or all of them
+//! combined, in annotation order).
 //! DEL: the cache → (else) the attachments rebuilt from the selection → (else) log and succeed;
-//! every delegate gets its DEL, in reverse, and the errors are reported together.
+//! every delegate gets its DEL (the reverse of ADD's order, concurrently where ADD was), and the
+//! errors are reported together.
 
 mod attachment;
 mod cache;
@@ -191,13 +194,52 @@ fn copy_device_info(a: &Attachment) -> Result<(), Error> {
     Ok(())
 }
 
-/// DEL every attachment in reverse, keeping going past failures.
-fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy) -> Vec<String> {
-    attachments
-        .iter()
-        .rev()
-        .filter_map(|a| teardown(a, base, policy).err().map(|e| format!("network {} ({}): {e}", a.network, a.ifname)))
-        .collect()
+/// The order a pod's attachments run in: groups one after another, the attachments of a group
+/// concurrently. With `parallel`, the cluster network is a group of its own ahead of the others
+/// (the pod's primary interface exists before any secondary one, as with Multus), then every
+/// other attachment at once; without, one group per attachment in annotation order. DEL walks
+/// the groups in reverse.
+fn groups(attachments: &[Attachment], parallel: bool) -> Vec<Vec<usize>> {
+    if !parallel {
+        return (0..attachments.len()).map(|i| vec![i]).collect();
+    }
+    let (cluster, rest): (Vec<usize>, Vec<usize>) =
+        (0..attachments.len()).partition(|&i| attachments[i].cluster_network);
+    [cluster, rest].into_iter().filter(|g| !g.is_empty()).collect()
+}
+
+/// `f` for every index of `group`, concurrently (each on its own thread, in this invocation's log
+/// span; one runs on the calling thread); the answers in the group's order.
+fn run_group<T: Send>(group: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    if let [i] = group {
+        return vec![f(*i)];
+    }
+    let span = tracing::Span::current();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = group
+            .iter()
+            .map(|&i| {
+                let (f, span) = (&f, span.clone());
+                s.spawn(move || span.in_scope(|| f(i)))
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
+/// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
+/// failures; the failures in reverse annotation order.
+fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy, parallel: bool) -> Vec<String> {
+    let mut errors = Vec::new();
+    for group in groups(attachments, parallel).iter().rev() {
+        let answers = run_group(group, |i| teardown(&attachments[i], base, policy));
+        for (&i, answer) in group.iter().zip(answers).rev() {
+            if let Err(e) = answer {
+                errors.push(format!("{}: {e}", attachments[i].describe()));
+            }
+        }
+    }
+    errors
 }
 
 /// DEL one attachment; its device-info file goes too (only in the policy's device-info
@@ -215,15 +257,16 @@ fn teardown(a: &Attachment, base: &CniEnv, policy: &Policy) -> Result<(), Error>
 enum Step {
     /// The cache file was written: remove it.
     Cache(PathBuf),
-    /// Attachment `index` was sent its ADD (a failed one too, as the spec wants): DEL it.
-    Attachment { index: usize, network: String, ifname: String },
+    /// A group of attachments was sent their ADDs (failed ones too, as the spec wants): DEL them,
+    /// concurrently as they were added. `names` says which, for the report.
+    Attachments { group: Vec<usize>, names: Vec<String> },
 }
 
 impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Step::Cache(p) => write!(f, "remove cache file {}", p.display()),
-            Step::Attachment { network, ifname, .. } => write!(f, "DEL network {network} ({ifname})"),
+            Step::Attachments { names, .. } => write!(f, "DEL {}", names.join(", ")),
         }
     }
 }
@@ -266,19 +309,43 @@ impl Plugin for Meta {
         undo.push(Step::Cache(cache_path.clone()));
         let mut results = Vec::new();
         let attached = (|| {
-            for i in 0..state.attachments.len() {
+            // One result record at a time in the cache file.
+            let recording = std::sync::Mutex::new(());
+            let attach = |i: usize| {
                 let a = &state.attachments[i];
                 tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
-                undo.push(Step::Attachment { index: i, network: a.network.clone(), ifname: a.ifname.clone() });
                 // A device-info file that cannot be placed or a result the cache cannot record is a
                 // failed ADD too.
-                let (result, raw) = copy_device_info(a)
+                copy_device_info(a)
                     .and_then(|()| a.add(&base))
-                    .and_then(|(result, raw)| cache::record_result(&cache_path, i, &raw).map(|()| (result, raw)))
+                    .and_then(|(result, raw)| {
+                        let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                        cache::record_result(&cache_path, i, &raw).map(|()| (result, raw))
+                    })
                     .map_err(|e| {
-                        let failed = format!("network {} ({})", a.network, a.ifname);
-                        e.context(format!("[{}] adding {failed}", pod.reference().unwrap_or_default()))
-                    })?;
+                        e.context(format!("[{}] adding {}", pod.reference().unwrap_or_default(), a.describe()))
+                    })
+            };
+            let mut added = Vec::new();
+            for group in groups(&state.attachments, conf.parallel) {
+                let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
+                undo.push(Step::Attachments { group: group.clone(), names });
+                let answers = run_group(&group, attach);
+                // The first failure in annotation order is the ADD's error; the others are logged.
+                let mut failed = None;
+                for (i, answer) in group.into_iter().zip(answers) {
+                    match answer {
+                        Ok(done) => added.push((i, done)),
+                        Err(e) if failed.is_none() => failed = Some(e),
+                        Err(e) => tracing::error!("{e}"),
+                    }
+                }
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+            }
+            added.sort_by_key(|(i, _)| *i);
+            for (i, (result, raw)) in added {
                 state.attachments[i].result = Some(raw);
                 results.push(result);
             }
@@ -289,7 +356,15 @@ impl Plugin for Meta {
         if let Err(e) = attached {
             return Err(undo.unwind(e, |step| match step {
                 Step::Cache(path) => files::remove_if_present(&path),
-                Step::Attachment { index, .. } => teardown(&state.attachments[index], &base, &req.policy),
+                Step::Attachments { group, .. } => {
+                    let answers = run_group(&group, |i| teardown(&state.attachments[i], &base, &req.policy));
+                    let failed: Vec<String> = group
+                        .iter()
+                        .zip(answers)
+                        .filter_map(|(&i, a)| a.err().map(|e| format!("{}: {e}", state.attachments[i].describe())))
+                        .collect();
+                    if failed.is_empty() { Ok(()) } else { Err(Error::new(code::DELEGATE_FAILED, failed.join("; "))) }
+                }
             }));
         }
         undo.commit();
@@ -323,7 +398,7 @@ impl Plugin for Meta {
                 }
             }
         };
-        let errors = delete_all(&attachments, &base, &req.policy);
+        let errors = delete_all(&attachments, &base, &req.policy, conf.parallel);
         if errors.is_empty() || !conf.retry_delete_on_error {
             files::remove_if_present(&cache_path)?;
         }
@@ -383,7 +458,7 @@ impl Plugin for Meta {
             let mut env = base.clone();
             env.container_id = c.container_id.clone();
             env.netns = c.netns.clone();
-            errors.extend(delete_all(&runnable(c.attachments, &env), &env, &req.policy));
+            errors.extend(delete_all(&runnable(c.attachments, &env), &env, &req.policy, conf.parallel));
             let _ = files::remove_if_present(&path);
         }
         // Then GC on every delegate network, with the attachments still valid for it.
