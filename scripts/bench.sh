@@ -33,7 +33,7 @@ REF=/usr/lib/cni
 # SECTIONS picks sections (default: all); BENCH_WORK keeps results in (and reuses) a directory, so
 # a later run can add sections to the same report.
 # "fuzz" (every fuzz target to 10 million executions: hours) runs only when named.
-SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta cluster soak}
+SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta rails cluster soak}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 work=${BENCH_WORK:-$(mktemp -d)}
 mkdir -p "$work"
@@ -276,6 +276,42 @@ mv "$work/meta-api.json.out" "$work/meta-api-result.json"
 eval "exec ${FAKE[1]}>&-"
 wait "$FAKE_PID" 2>/dev/null || true
 ip -n "$pod" link del net1 2>/dev/null || true
+fi
+
+if want rails; then
+echo "== an 8-network pod's CNI ADD through plexus: attachments in parallel vs \"parallel\": false"
+# Eight macvlan rails (plexus-macvlan + plexus-ipam, one port each) and eight host-device rails
+# (plexus-host-device + plexus-ipam, one device each moved into the pod). One timed command = the
+# pod's ADD alone; before each, the previous ADD is undone by plexus's own DEL (outside the timing).
+mkdir -p "$work/rails-nads"
+for i in 0 1 2 3 4 5 6 7; do
+  ip -n "$node" link add "rail$i" mtu 9000 type veth peer name "rail${i}p"
+  ip -n "$node" link add "hd$i" mtu 9000 type veth peer name "hd${i}p"
+  for l in "rail$i" "rail${i}p" "hd$i" "hd${i}p"; do ip -n "$node" link set "$l" up; done
+  for kind in macvlan hostdev; do
+    case $kind in
+      macvlan) conf="{\"cniVersion\":\"1.0.0\",\"name\":\"m$i\",\"type\":\"plexus-macvlan\",\"master\":\"rail$i\",\"mode\":\"bridge\",\"ipam\":{\"type\":\"plexus-ipam\",\"range\":\"198.18.$((100 + i)).0/24\",\"dataDir\":\"$work/rails-ipam\"}}" ;;
+      hostdev) conf="{\"cniVersion\":\"1.0.0\",\"name\":\"h$i\",\"type\":\"plexus-host-device\",\"device\":\"hd$i\",\"dataDir\":\"$work/rails-hd\",\"ipam\":{\"type\":\"plexus-ipam\",\"range\":\"198.18.$((110 + i)).0/24\",\"dataDir\":\"$work/rails-ipam\"}}" ;;
+    esac
+    printf 'apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {name: %s, namespace: default}\nspec:\n  config: '"'"'%s'"'"'\n' \
+      "$kind$i" "$conf" > "$work/rails-nads/$kind$i.yaml"
+  done
+done
+for kind in macvlan hostdev; do
+  nets=$(printf "$kind%s," 0 1 2 3 4 5 6 7); nets=${nets%,}
+  for mode in true false; do
+    echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"nadDir\":\"$work/rails-nads\",\"networks\":\"$nets\",\"cniDir\":\"$work/rails-cache\",\"binDir\":\"$BIN\",\"parallel\":$mode}" \
+      > "$work/rails-$kind-$mode.json"
+  done
+  # A failed ADD leaves nothing, so a DEL of either config clears the pod before each run.
+  add() { echo "CNI_COMMAND=ADD $BIN/plexus < $work/rails-$kind-$1.json > /dev/null"; }
+  del() { echo "CNI_COMMAND=DEL $BIN/plexus < $work/rails-$kind-$1.json > /dev/null"; }
+  hf_rounds "rails-$kind" "$(( ${RAILS_RUNS:-100} / ROUNDS ))" "$HF" --warmup 3 -- \
+    --prepare "$(del true)" -n parallel "$(add true)" --prepare "$(del false)" -n one-after-another "$(add false)"
+  ip netns exec "$node" env CNI_COMMAND=DEL CNI_CONTAINERID=bench CNI_NETNS=/run/netns/$pod CNI_IFNAME=net1 \
+    CNI_PATH=$BIN:$REF "$BIN/plexus" < "$work/rails-$kind-true.json" > /dev/null
+done
+[ "$(ip -n "$pod" -o link show | wc -l)" = 1 ] || { echo "rails: links left in the pod" >&2; ip -n "$pod" link; exit 1; }
 fi
 
 if want cluster; then

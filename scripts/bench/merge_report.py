@@ -17,6 +17,9 @@ def split(text):
     return head, sections
 
 new_head, new = split(open(sys.argv[1]).read())
+# A section that prints its heading after a blank line leaves that line in the head when it is the
+# first one measured.
+new_head = new_head.rstrip("\n") + "\n\n"
 try:
     old_text = open(sys.argv[2]).read()
 except FileNotFoundError:

@@ -122,6 +122,24 @@ if has("meta-rss"):
     print("before it (outside the timing), as DEL would; the cache is written once before the delegate and")
     print("the delegate's result appended to it.")
 
+if has("rails-macvlan") and has("rails-hostdev"):
+    print("\n## An 8-network pod: attachments in parallel (issue #16)\n")
+    print("| rails | `\"parallel\": true` (ms) | `\"parallel\": false` (ms) | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+    for kind, what, target in (("macvlan", "8 × plexus-macvlan + plexus-ipam", "≤ 0.7"),
+                               ("hostdev", "8 × plexus-host-device + plexus-ipam", "≤ 0.9")):
+        m = med("rails-" + kind)
+        par, seq = m["parallel"], m["one-after-another"]
+        print(f"| {what} | {par:.1f} | {seq:.1f} | **{par / seq:.2f}** | {target} |")
+    rounds = sorted(glob.glob(os.path.join(work, "rails-macvlan.r*.json")))
+    timed = sum(len(r["times"]) for p in rounds for r in json.load(open(p))["results"] if r["command"] == "parallel")
+    print(f"\nThe pod's CNI ADD alone through plexus (NADs from `nadDir`, no cluster network): medians of {timed} runs")
+    print(f"per config, pooled over {len(rounds)} rounds with the two configs' order rotated (hyperfine's shell mode, its")
+    print("start-up subtracted); before each timed ADD, plexus's DEL undoes the previous one outside the")
+    print("timing. Each macvlan rail is on its own port, each host-device rail moves its own device; all")
+    print("sixteen ranges share one plexus-ipam data dir. The kernel serialises namespace moves (RTNL), so")
+    print("only the work around them can overlap for host-device.")
+
 if os.path.exists(os.path.join(work, "cluster.json")):
     c = load("cluster")
     print("\n## A real node: plexus against Multus + macvlan + whereabouts (issue #13)\n")
