@@ -403,6 +403,42 @@ fn pods_keep_their_networks_across_kubelet_and_containerd_restarts_and_del_needs
 }
 
 #[test]
+fn an_eight_rail_pod_is_attached_in_parallel_and_network_status_keeps_annotation_order() {
+    let c = Cluster::up("");
+    let nads: String = (0..8)
+        .map(|i| {
+            c.macvlan_nad(
+                "default",
+                &format!("rail{i}"),
+                &format!("ens{}f0np0", i + 1),
+                &format!("198.19.{}.0/24", 240 + i),
+            )
+        })
+        .collect();
+    c.apply(&nads);
+    let before = c.node_state();
+    let selection: Vec<String> = (0..8).map(|i| format!("rail{i}")).collect();
+    c.apply(&c.pod("default", "gpu-node", &selection.join(",")));
+    c.wait_ready("default", "pod/gpu-node", "120s");
+    // The eight ADDs ran at once (plexus's default); whatever order they finished in, the pod's
+    // interfaces, addresses and network-status follow the annotation.
+    let expected: BTreeSet<String> = (0..8).map(|i| format!("net{} 198.19.{}.1/24", i + 1, 240 + i)).collect();
+    assert_eq!(c.pod_addrs("default", "gpu-node"), expected);
+    let status = c.network_status("default", "gpu-node");
+    assert_eq!(status.len(), 9, "the cluster network and eight rails: {status:?}");
+    for (i, s) in status[1..].iter().enumerate() {
+        assert_eq!(s["name"], format!("default/rail{i}"), "{status:?}");
+        assert_eq!(s["interface"], format!("net{}", i + 1), "{status:?}");
+        assert_eq!(s["ips"][0], format!("198.19.{}.1", 240 + i), "{status:?}");
+    }
+    assert_eq!((c.reservations(), c.data_files("meta")), (8, 1));
+    c.delete("default", &["pod", "gpu-node"]);
+    wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
+    c.wait_no_state_or_cache();
+    assert_eq!(c.node_state(), before, "the node's links and addresses are as before");
+}
+
+#[test]
 fn fifty_pods_on_two_networks_come_and_go_leaving_nothing_behind() {
     const PODS: usize = 50;
     let c = Cluster::up("");
