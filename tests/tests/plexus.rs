@@ -426,7 +426,8 @@ fn del_removes_the_cache_temp_files_a_killed_plexus_left_and_succeeds_on_a_read_
 /// A delegate that shows how plexus ran it, in `dir/log`: each ADD or DEL logs `begin <verb>
 /// <ifname>`, and on a `netN` interface waits (up to 5 s) until `peers` ADDs (DELs) have begun —
 /// they can only all have begun if they run at once — then logs `end <verb> <ifname> <begun>`;
-/// `overlap <verb> <ifname>` when another was running as it began. Its ADD result is the address
+/// `overlap <verb> <ifname>` when another was running as it began, `prevResult <verb> <ifname>`
+/// when its config carried one. Its ADD result is the address
 /// 198.18.22.N/24 (9 for eth0), after a sleep that makes net1 finish last; a config with
 /// `"fail": true` fails it with code 11.
 struct Probe {
@@ -451,6 +452,7 @@ i=0
 case "$CNI_IFNAME" in net*) while [ "$(begun)" -lt {peers} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done ;; esac
 sleep 0.$((10 - n))
 echo "end $CNI_COMMAND $CNI_IFNAME $(begun)" >>"$d/log"
+case "$conf" in *'"prevResult"'*) echo "prevResult $CNI_COMMAND $CNI_IFNAME" >>"$d/log" ;; esac
 [ -z "$own" ] || rmdir "$d/running"
 [ "$CNI_COMMAND" = ADD ] || exit 0
 case "$conf" in *'"fail":true'*) echo '{{"cniVersion":"1.0.0","code":11,"msg":"probe failed as asked"}}'; exit 1 ;; esac
@@ -464,9 +466,15 @@ printf '{{"cniVersion":"1.0.0","interfaces":[{{"name":"%s","sandbox":"%s"}}],"ip
         Probe { dir }
     }
 
-    fn log(&self) -> Vec<String> {
+    /// Every line logged.
+    fn all(&self) -> Vec<String> {
         let text = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
         text.lines().map(str::to_string).collect()
+    }
+
+    /// The begin/end/overlap lines: how the ADDs and DELs ran.
+    fn log(&self) -> Vec<String> {
+        self.all().into_iter().filter(|l| !l.starts_with("prevResult")).collect()
     }
 
     /// A meta config running the probe networks named (`p1`, `p2`, ... in `s`'s NAD dir).
@@ -485,7 +493,7 @@ printf '{{"cniVersion":"1.0.0","interfaces":[{{"name":"%s","sandbox":"%s"}}],"ip
     }
 
     fn lines(&self, prefix: &str) -> Vec<String> {
-        self.log().into_iter().filter(|l| l.starts_with(prefix)).collect()
+        self.all().into_iter().filter(|l| l.starts_with(prefix)).collect()
     }
 }
 
@@ -527,6 +535,7 @@ fn a_pods_attachments_are_added_and_deleted_at_once_and_results_keep_annotation_
     let mut ends = probe.lines("end DEL");
     ends.sort();
     assert_eq!(ends, ["end DEL net1 4", "end DEL net2 4", "end DEL net3 4", "end DEL net4 4"], "{:?}", probe.log());
+    assert_eq!(probe.lines("prevResult DEL").len(), 4, "each DEL gets its cached result: {:?}", probe.all());
     assert!(!s.cache_dir().join("pod1").exists());
 }
 
@@ -589,5 +598,9 @@ fn a_failure_among_concurrent_attachments_rolls_back_all_of_them_and_names_the_f
     let mut dels = probe.lines("end DEL");
     dels.sort();
     assert_eq!(dels, ["end DEL net1 4", "end DEL net2 4", "end DEL net3 4", "end DEL net4 4"], "{:?}", probe.log());
+    // Those that succeeded are deleted with their results, the failed ones without.
+    let mut prev = probe.lines("prevResult DEL");
+    prev.sort();
+    assert_eq!(prev, ["prevResult DEL net1", "prevResult DEL net3"], "{:?}", probe.log());
     assert!(!s.cache_dir().join("pod1").exists(), "no cache survives a failed ADD");
 }

@@ -341,6 +341,11 @@ impl Plugin for Meta {
                     }
                 }
                 if let Some(e) = failed {
+                    // The rollback DELs those that succeeded with their results, as a DEL from the
+                    // cache would.
+                    for (i, (_, raw)) in added {
+                        state.attachments[i].result = Some(raw);
+                    }
                     return Err(e);
                 }
             }
