@@ -230,16 +230,19 @@ fn run_group<T: Send>(group: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> 
 /// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
 /// failures; the failures in reverse annotation order.
 fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy, parallel: bool) -> Vec<String> {
-    let mut errors = Vec::new();
-    for group in groups(attachments, parallel).iter().rev() {
-        let answers = run_group(group, |i| teardown(&attachments[i], base, policy));
-        for (&i, answer) in group.iter().zip(answers).rev() {
-            if let Err(e) = answer {
-                errors.push(format!("{}: {e}", attachments[i].describe()));
-            }
-        }
-    }
-    errors
+    groups(attachments, parallel).iter().rev().flat_map(|g| teardown_group(attachments, g, base, policy)).collect()
+}
+
+/// DEL one group's attachments at once; the failures, each naming its attachment, in reverse
+/// annotation order.
+fn teardown_group(attachments: &[Attachment], group: &[usize], base: &CniEnv, policy: &Policy) -> Vec<String> {
+    let answers = run_group(group, |i| teardown(&attachments[i], base, policy));
+    group
+        .iter()
+        .zip(answers)
+        .rev()
+        .filter_map(|(&i, answer)| answer.err().map(|e| format!("{}: {e}", attachments[i].describe())))
+        .collect()
 }
 
 /// DEL one attachment; its device-info file goes too (only in the policy's device-info
@@ -362,12 +365,7 @@ impl Plugin for Meta {
             return Err(undo.unwind(e, |step| match step {
                 Step::Cache(path) => files::remove_if_present(&path),
                 Step::Attachments { group, .. } => {
-                    let answers = run_group(&group, |i| teardown(&state.attachments[i], &base, &req.policy));
-                    let failed: Vec<String> = group
-                        .iter()
-                        .zip(answers)
-                        .filter_map(|(&i, a)| a.err().map(|e| format!("{}: {e}", state.attachments[i].describe())))
-                        .collect();
+                    let failed = teardown_group(&state.attachments, &group, &base, &req.policy);
                     if failed.is_empty() { Ok(()) } else { Err(Error::new(code::DELEGATE_FAILED, failed.join("; "))) }
                 }
             }));
