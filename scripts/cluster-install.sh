@@ -9,7 +9,9 @@
 #   eval "$(bash scripts/cluster.sh up)"; bash scripts/cluster-install.sh
 #
 # PLEXUS_META_KEYS adds members to the meta config (e.g. '"namespaceIsolation": true'), as an
-# admin would in the DaemonSet's config.
+# admin would in the DaemonSet's config. PLEXUS_DAEMON_MODE=1 installs daemon mode instead
+# (conf-examples/deploy/daemonset-daemon.yaml, "daemonSocket" in the meta config) and returns once
+# plexus-daemon is ready too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KUBECONFIG:?run scripts/cluster.sh up first and export what it prints}"
@@ -23,7 +25,13 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/rootfs/bin" "$work/rootfs/plexus/bin" "$work/rootfs/plexus/conf" "$work/rootfs/tmp"
 cp /bin/busybox "$work/rootfs/bin/busybox"
 for t in sh cp mv mkdir chmod cat base64 sha256sum sleep; do ln -s busybox "$work/rootfs/bin/$t"; done
-for b in plexus plexus-macvlan plexus-host-device plexus-ipam plexusctl; do cp "$BIN/$b" "$work/rootfs/plexus/bin/"; done
+for b in plexus plexus-macvlan plexus-host-device plexus-ipam plexusctl plexus-daemon; do cp "$BIN/$b" "$work/rootfs/plexus/bin/"; done
+daemonset=conf-examples/deploy/daemonset.yaml
+socket=$state/run/plexus-daemon.sock
+if [ -n "${PLEXUS_DAEMON_MODE:-}" ]; then
+  daemonset=conf-examples/deploy/daemonset-daemon.yaml
+  PLEXUS_META_KEYS="\"daemonSocket\": \"$socket\"${PLEXUS_META_KEYS:+, $PLEXUS_META_KEYS}"
+fi
 # The meta config for this node: the bootstrap bridge stays the cluster network.
 cat > "$work/rootfs/plexus/conf/00-plexus.conflist" << EOF
 {"cniVersion": "1.0.0", "name": "plexus", "plugins": [
@@ -41,7 +49,9 @@ podman "${store[@]}" rmi -a -f > /dev/null 2>&1 || true
 kubectl apply -f conf-examples/deploy/crd.yaml -f conf-examples/deploy/rbac.yaml > /dev/null
 sed -e "s|image: .*|image: $image\n        imagePullPolicy: Never|" \
   -e "s|path: /opt/cni/bin|path: $CNI_BIN_DIR|" -e "s|path: /etc/cni/net.d|path: $CNI_CONF_DIR|" \
-  conf-examples/deploy/daemonset.yaml | kubectl apply -f - > /dev/null
+  -e "s|value: /opt/cni/bin|value: $CNI_BIN_DIR|" -e "s|value: /etc/cni/net.d|value: $CNI_CONF_DIR|" \
+  -e "s|value: /run/plexus/daemon.sock|value: $socket|" \
+  "$daemonset" | kubectl apply -f - > /dev/null
 for _ in $(seq 120); do
   [ -f "$CNI_CONF_DIR/00-plexus.conflist" ] && [ -f "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig" ] && break
   sleep 1
@@ -52,4 +62,11 @@ done
   kubectl -n kube-system describe daemonset plexus >&2 || true
   exit 1
 }
+if [ -n "${PLEXUS_DAEMON_MODE:-}" ]; then
+  kubectl -n kube-system rollout status daemonset/plexus --timeout 120s > /dev/null || {
+    echo "cluster-install.sh: plexus-daemon did not become ready" >&2
+    kubectl -n kube-system logs daemonset/plexus --tail 50 >&2 || true
+    exit 1
+  }
+fi
 echo "cluster-install.sh: plexus installed by its DaemonSet" >&2

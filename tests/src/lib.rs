@@ -7,6 +7,7 @@
 //! Rules: never touch the host namespace or `eth0`; addresses from
 //! 198.18.0.0/15 and 2001:db8::/32; tests need root and fail, loudly, without it.
 
+pub mod daemon;
 pub mod etcd;
 pub mod fake_api;
 pub mod kernel;
@@ -14,6 +15,7 @@ pub mod netns;
 pub mod reliability;
 pub mod runner;
 
+pub use daemon::DaemonProcess;
 pub use kernel::{Addr, Link, Route, Rule};
 pub use netns::{Lab, Netns};
 pub use runner::{

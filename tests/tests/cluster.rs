@@ -31,11 +31,17 @@ struct Cluster {
 impl Cluster {
     /// A cluster with plexus installed; `meta_keys` are added to its meta config.
     fn up(meta_keys: &str) -> Cluster {
-        Cluster::up_with(meta_keys, None)
+        Cluster::up_with(meta_keys, None, false)
     }
 
-    /// [`Cluster::up`], the CNI plugins reading sysfs from `sysfs` (a fake tree) when given.
-    fn up_with(meta_keys: &str, sysfs: Option<&Path>) -> Cluster {
+    /// A cluster with plexus installed in daemon mode (conf-examples/deploy/daemonset-daemon.yaml).
+    fn up_daemon_mode(meta_keys: &str) -> Cluster {
+        Cluster::up_with(meta_keys, None, true)
+    }
+
+    /// [`Cluster::up`], the CNI plugins reading sysfs from `sysfs` (a fake tree) when given, in
+    /// daemon mode when `daemon_mode`.
+    fn up_with(meta_keys: &str, sysfs: Option<&Path>, daemon_mode: bool) -> Cluster {
         plexus_tests::require_root();
         let one = ONE_CLUSTER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Removed on drop from here on, also when coming up fails halfway.
@@ -58,6 +64,7 @@ impl Cluster {
             .arg(repo().join("scripts/cluster-install.sh"))
             .envs(&c.env)
             .env("PLEXUS_META_KEYS", meta_keys)
+            .env("PLEXUS_DAEMON_MODE", if daemon_mode { "1" } else { "" })
             .output()
             .unwrap();
         assert!(install.status.success(), "cluster-install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
@@ -549,7 +556,7 @@ fn a_pod_learns_its_roce_v2_gid_index_from_network_status_through_the_downward_a
     slot(3, "0000:0000:0000:0000:0000:0000:0000:0000", None);
     slot(4, "0000:0000:0000:0000:0000:ffff:c612:f701", Some("IB/RoCE v1"));
     slot(5, "0000:0000:0000:0000:0000:ffff:c612:f701", Some("RoCE v2"));
-    let c = Cluster::up_with("", Some(sys.path()));
+    let c = Cluster::up_with("", Some(sys.path()), false);
     // The documented example (conf-examples/nccl-gid-index), with this node's data dir and image.
     let example = repo().join("conf-examples/nccl-gid-index");
     let nad = std::fs::read_to_string(example.join("rail0.yaml")).unwrap().replace(
@@ -620,7 +627,8 @@ fn resource_nads_get_the_kubelets_devices_through_the_pod_resources_api_by_get_a
     }
     // plexus's meta config points at no checkpoint: the devices can only come from the
     // pod-resources API.
-    let c = Cluster::up_with(r#""kubeletCheckpoint": "/nonexistent/kubelet_internal_checkpoint""#, Some(sys.path()));
+    let c =
+        Cluster::up_with(r#""kubeletCheckpoint": "/nonexistent/kubelet_internal_checkpoint""#, Some(sys.path()), false);
     let plugin = DevicePlugin::start(&c, "example.com/roce", "0000:3b:00.2,0000:3b:00.3");
     let allocatable = |n: &str| {
         let (_, out) = c.kubectl(
@@ -986,4 +994,135 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
     );
     assert!(ok, "{out}");
     assert_eq!(out.lines().filter(|l| !l.is_empty()).count(), 0, "reservations leaked: {out}");
+}
+
+impl Cluster {
+    /// plexus-daemon's metrics, from the node's loopback (the DaemonSet's --metrics-address).
+    fn daemon_metrics(&self) -> String {
+        let netns = Path::new("/run/netns").join(self.var("NODE_NETNS"));
+        let (code, body) = plexus_tests::daemon::http_get(&netns, plexus_tests::daemon::METRICS_PORT, "/metrics")
+            .expect("plexus-daemon's /metrics answers");
+        assert_eq!(code, 200, "{body}");
+        body
+    }
+
+    /// The shims' and the daemon's requests' log (the meta config's logFile).
+    fn plexus_log(&self) -> String {
+        std::fs::read_to_string(self.state().join("log/plexus.log")).unwrap_or_default()
+    }
+}
+
+fn sample(metrics: &str, series: &str) -> f64 {
+    plexus_tests::daemon::sample(metrics, &format!("plexus_daemon_{series}"))
+}
+
+#[test]
+fn through_plexus_daemon_pods_with_one_and_eight_networks_start_and_its_metrics_count_them() {
+    let c = Cluster::up_daemon_mode("");
+    let nads: String = (0..8)
+        .map(|i| {
+            let (port, range) = (format!("ens{}f0np0", i + 1), format!("198.19.{}.0/24", 240 + i));
+            c.macvlan_nad("default", &format!("rail{i}"), &port, &range)
+        })
+        .collect();
+    c.apply(&nads);
+    let before = c.node_state();
+    let selection: Vec<String> = (0..8).map(|i| format!("rail{i}")).collect();
+    c.apply(&(c.pod("default", "one", "rail0") + &c.pod("default", "eight", &selection.join(","))));
+    c.wait_ready("default", "pod/one", "120s");
+    c.wait_ready("default", "pod/eight", "120s");
+    // rail0 is shared by both pods (one of them has .2); the other seven rails are the eight's.
+    let eight: BTreeSet<String> = (1..8).map(|i| format!("net{} 198.19.{}.1/24", i + 1, 240 + i)).collect();
+    let one = c.pod_addrs("default", "one");
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert!(one.iter().next().unwrap().starts_with("net1 198.19.240."), "{one:?}");
+    let got = c.pod_addrs("default", "eight");
+    assert_eq!(got.len(), 8, "{got:?}");
+    assert!(eight.is_subset(&got), "{got:?}");
+    assert!(got.iter().any(|a| a.starts_with("net1 198.19.240.")), "{got:?}");
+    let status = c.network_status("default", "eight");
+    let names: Vec<&str> = status.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let mut expected = vec!["bootstrap".to_string()];
+    expected.extend((0..8).map(|i| format!("default/rail{i}")));
+    assert_eq!(names, expected, "network-status in annotation order, written by the daemon");
+    // Served by the daemon, from its caches: every rail's delegate timed there, no NAD read from
+    // the API, the NADs and this node's pods in its caches.
+    let m = c.daemon_metrics();
+    assert!(sample(&m, "request_duration_seconds_count{command=\"ADD\"}") >= 2.0, "{m}");
+    for i in 0..8 {
+        let series = format!(
+            "delegate_duration_seconds_count{{command=\"ADD\",network=\"default/rail{i}\",type=\"plexus-macvlan\"}}"
+        );
+        assert!(sample(&m, &series) >= 1.0, "{series} in\n{m}");
+    }
+    assert_eq!(sample(&m, "api_requests_total{request=\"get_network_attachment_definition\"}"), 0.0, "{m}");
+    assert!(sample(&m, "cached_objects{kind=\"network-attachment-definition\"}") >= 8.0, "{m}");
+    assert!(sample(&m, "cached_objects{kind=\"pod\"}") >= 2.0, "{m}");
+    assert!(m.contains("plexus_daemon_request_duration_seconds_bucket{le="), "{m}");
+    assert!(!c.plexus_log().contains("thin mode"), "no shim ran a request itself:\n{}", c.plexus_log());
+    c.delete("default", &["pod", "one", "eight"]);
+    wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
+    c.wait_no_state_or_cache();
+    assert_eq!(c.node_state(), before, "the node's links and addresses are as before");
+    let m = c.daemon_metrics();
+    assert!(sample(&m, "request_duration_seconds_count{command=\"DEL\"}") >= 2.0, "{m}");
+}
+
+#[test]
+fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_down_and_sees_nad_updates() {
+    let c = Cluster::up_daemon_mode("");
+    c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.250.0/24"));
+    c.apply(&c.pod("default", "steady", "rail0"));
+    c.wait_ready("default", "pod/steady", "120s");
+    assert_eq!(c.pod_addrs("default", "steady"), BTreeSet::from(["net1 198.19.250.1/24".to_string()]));
+    // A NAD updated: the next pod, created right after, gets the new config.
+    c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.251.0/24"));
+    c.apply(&c.pod("default", "next", "rail0"));
+    c.wait_ready("default", "pod/next", "120s");
+    assert_eq!(c.pod_addrs("default", "next"), BTreeSet::from(["net1 198.19.251.1/24".to_string()]));
+    // The API server down: a sandbox that dies is set up again by the kubelet, the daemon serving
+    // the pod and its NAD from its caches (thin mode would fail the ADD), network-status
+    // retried until the API is back.
+    let old = c.sandbox("default", "next").expect("a ready sandbox");
+    c.daemon("stop", "kube-apiserver");
+    let (ok, out) = c.crictl(&["stopp", &old]);
+    assert!(ok, "{out}");
+    wait_until("the kubelet's new sandbox, the API server down", Duration::from_secs(120), || {
+        c.sandbox("default", "next").is_some_and(|s| s != old)
+    });
+    c.daemon("start", "kube-apiserver");
+    let m = c.daemon_metrics();
+    assert_eq!(sample(&m, "api_requests_total{request=\"get_network_attachment_definition\"}"), 0.0, "{m}");
+    assert_eq!(sample(&m, "api_requests_total{request=\"get_pod\"}"), 0.0, "pods from the cache: {m}");
+    wait_until("network-status written once the API is back", Duration::from_secs(60), || {
+        let (_, logs) = c.kubectl(&["-n", "kube-system", "logs", "daemonset/plexus"], None);
+        logs.contains("network-status of default/next written after the API came back")
+    });
+    assert_eq!(c.pod_addrs("default", "next"), BTreeSet::from(["net1 198.19.251.1/24".to_string()]));
+    c.delete("default", &["pod", "steady", "next"]);
+    wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
+    c.wait_no_state_or_cache();
+}
+
+#[test]
+fn with_the_daemon_gone_the_shim_runs_requests_itself_and_pods_start_and_go() {
+    let c = Cluster::up_daemon_mode("");
+    c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.252.0/24"));
+    let before = c.node_state();
+    // The daemon stopped (its DaemonSet deleted: SIGTERM, socket removed): the shims run thin.
+    let (ok, out) = c.kubectl(&["-n", "kube-system", "delete", "daemonset", "plexus", "--wait=true"], None);
+    assert!(ok, "{out}");
+    wait_until("the daemon's pod gone", Duration::from_secs(60), || {
+        let (_, pods) = c.kubectl(&["-n", "kube-system", "get", "pods", "-l", "app=plexus", "-o", "name"], None);
+        pods.trim().is_empty()
+    });
+    c.apply(&c.pod("default", "alone", "rail0"));
+    c.wait_ready("default", "pod/alone", "120s");
+    assert_eq!(c.pod_addrs("default", "alone"), BTreeSet::from(["net1 198.19.252.1/24".to_string()]));
+    assert_eq!(c.network_status("default", "alone").len(), 2);
+    assert!(c.plexus_log().contains("running the ADD here (thin mode)"), "{}", c.plexus_log());
+    c.delete("default", &["pod", "alone"]);
+    wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
+    c.wait_no_state_or_cache();
+    assert_eq!(c.node_state(), before);
 }

@@ -164,12 +164,14 @@ fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
     assert_eq!(crd["spec"]["group"], "k8s.cni.cncf.io");
     assert_eq!(crd["spec"]["names"]["plural"], "network-attachment-definitions");
     assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
-    // RBAC: exactly get+patch on pods and get on NADs; the binding names the service account.
+    // RBAC: exactly get+patch on pods and get on NADs for the shim, list+watch of both for the
+    // daemon's caches; the binding names the service account.
     let rules = &objs[2]["rules"];
     assert_eq!(
         rules,
-        &json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
-                {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"], "verbs": ["get"]}])
+        &json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch", "list", "watch"]},
+                {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
+                 "verbs": ["get", "list", "watch"]}])
     );
     let binding = &objs[3];
     assert_eq!(binding["roleRef"]["name"], objs[2]["metadata"]["name"]);
@@ -198,4 +200,46 @@ fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
             && script.contains("write_kubeconfig")
     );
     assert!(!script.contains("echo $TOKEN") && !script.contains("set -x"), "the token is never printed");
+}
+
+#[test]
+fn the_daemon_mode_daemonset_runs_plexus_daemon_in_the_hosts_root_with_probes_limits_and_current_credentials() {
+    let objs = manifests();
+    let docs = yaml_docs(&examples().join("deploy/daemonset-daemon.yaml"));
+    assert_eq!(docs.len(), 1);
+    let ds = &docs[0];
+    assert_eq!((ds["apiVersion"].as_str(), ds["kind"].as_str()), (Some("apps/v1"), Some("DaemonSet")));
+    assert_eq!(ds["metadata"], objs[4]["metadata"], "the same DaemonSet name: one mode or the other");
+    assert_eq!(ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"]);
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], objs[1]["metadata"]["name"]);
+    assert_eq!(spec["hostNetwork"], true);
+    let c = &spec["containers"][0];
+    // The host's root, propagated (network namespaces appear after the daemon starts).
+    assert_eq!(spec["volumes"], json!([{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]));
+    assert_eq!(c["volumeMounts"], json!([{"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}]));
+    let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(env, ["NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "DAEMON_SOCKET"]);
+    assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+    let script = c["args"][0].as_str().unwrap();
+    for needed in [
+        "exec /plexus/bin/plexus-daemon --host-root",
+        "--node-name \"$NODE_NAME\"",
+        "--socket \"$DAEMON_SOCKET\"",
+        "--metrics-address 127.0.0.1:9134",
+        "tokenFile: $d/token",
+        "while sleep 60",
+        "plexus-daemon; do",
+    ] {
+        assert!(script.contains(needed), "{needed:?} not in the script:\n{script}");
+    }
+    assert!(!script.contains("set -x"), "the token is never printed");
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        assert_eq!(c[probe]["httpGet"], json!({"host": "127.0.0.1", "port": 9134, "path": path}), "{probe}");
+    }
+    assert!(c["resources"]["limits"]["memory"].as_str().is_some_and(|m| m.ends_with("Mi")));
+    assert!(c["resources"]["requests"]["memory"].as_str().is_some_and(|m| m.ends_with("Mi")));
+    // Its grace outlasts the daemon's own (--shutdown-grace 30): requests taken finish.
+    assert!(spec["terminationGracePeriodSeconds"].as_u64().unwrap() > 30);
+    assert!(script.contains("--shutdown-grace 30"));
 }

@@ -28,7 +28,7 @@ fn install_writes_only_plexus_binaries_and_uninstall_removes_exactly_them() {
     std::fs::write(bin.join("macvlan"), "the reference plugin").unwrap();
     let (ok, out) = install(dest.path(), &[]);
     assert!(ok, "{out}");
-    for b in ["plexus", "plexus-macvlan", "plexus-host-device", "plexus-ipam", "plexusctl"] {
+    for b in ["plexus", "plexus-macvlan", "plexus-host-device", "plexus-ipam", "plexusctl", "plexus-daemon"] {
         assert!(out.contains(&format!("installed {}", bin.join(b).display())), "{out}");
         let m = std::fs::metadata(bin.join(b)).unwrap();
         use std::os::unix::fs::PermissionsExt;

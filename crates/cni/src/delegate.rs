@@ -4,8 +4,10 @@
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -15,6 +17,16 @@ use crate::result::CniResult;
 
 /// How much of a failed delegate's unstructured output an error repeats.
 const OUTPUT_EXCERPT: usize = 2048;
+
+/// Whether delegates die with the thread that runs them (a long-running parent).
+static DIE_WITH_PARENT: OnceLock<()> = OnceLock::new();
+
+/// Have every delegate of this process killed (SIGKILL) when the thread that started it ends:
+/// a daemon that is killed mid-request must not leave delegates running on, racing the DEL the
+/// runtime sends next (what a killed delegate leaves, DEL removes). Set once, at start.
+pub fn delegates_die_with_parent() {
+    let _ = DIE_WITH_PARENT.set(());
+}
 
 /// The executable for plugin `plugin_type` in the directories of `CNI_PATH`.
 pub fn find_plugin(plugin_type: &str, cni_path: &[PathBuf]) -> Result<PathBuf, Error> {
@@ -138,6 +150,19 @@ fn start(
         Some(ns) => cmd.env("CNI_NETNS", ns),
         None => cmd.env_remove("CNI_NETNS"),
     };
+    if DIE_WITH_PARENT.get().is_some() {
+        let parent = nix::unistd::getpid();
+        // SAFETY: between fork and exec only prctl(2) and getppid(2): no allocation, no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                if nix::unistd::getppid() != parent {
+                    return Err(std::io::Error::other("the parent died before the delegate started"));
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = cmd.spawn()?;
     let mut pipe = child.stdin.take().expect("stdin is piped");
     if stdin.len() <= STDIN_INLINE_MAX {

@@ -110,7 +110,12 @@ impl CniEnv {
             args: CniArgs::parse(&var("CNI_ARGS").unwrap_or_default())?,
             path: var("CNI_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default(),
             netns_override: var("CNI_NETNS_OVERRIDE").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")),
-            vars: Vec::new(),
+            // The node policy this plugin runs under is its delegates' too (said outright: a
+            // plugin served by plexus-daemon does not inherit the runtime's environment).
+            vars: var(crate::paths::POLICY_ENV)
+                .map(|p| (crate::paths::POLICY_ENV.to_string(), p))
+                .into_iter()
+                .collect(),
         })
     }
 }

@@ -26,9 +26,48 @@ pub struct PodInfo {
 }
 
 pub struct ApiClient {
-    rt: tokio::runtime::Runtime,
+    rt: Driver,
     client: kube::Client,
     timeout: Duration,
+}
+
+/// What runs the client's calls: a runtime of its own (a plugin process), or a long-running
+/// process's (the daemon, whose request threads are outside it).
+enum Driver {
+    Own(tokio::runtime::Runtime),
+    Shared(tokio::runtime::Handle),
+}
+
+impl Driver {
+    fn block_on<F: Future>(&self, f: F) -> F::Output {
+        match self {
+            Driver::Own(rt) => rt.block_on(f),
+            Driver::Shared(handle) => handle.block_on(f),
+        }
+    }
+}
+
+/// The client configuration from `kubeconfig`, else the in-cluster service account when
+/// `KUBERNETES_SERVICE_HOST` is set; `None` when neither is there. Every call gets `timeout`.
+pub async fn kube_config(kubeconfig: Option<&Path>, timeout: Duration) -> Result<Option<kube::Config>, K8sError> {
+    let kubeconfig = kubeconfig.filter(|p| !p.as_os_str().is_empty());
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| K8sError::Config(format!("kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| K8sError::Config(format!("kubeconfig {}: {e}", path.display())))?
+        }
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            kube::Config::incluster().map_err(|e| K8sError::Config(format!("in-cluster Kubernetes config: {e}")))?
+        }
+        None => return Ok(None),
+    };
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    Ok(Some(config))
 }
 
 fn pods() -> ApiResource {
@@ -92,27 +131,18 @@ impl ApiClient {
             .enable_all()
             .build()
             .map_err(|e| K8sError::Io(format!("start runtime: {e}")))?;
-        let config = match kubeconfig {
-            Some(path) => {
-                let kc = Kubeconfig::read_from(path)
-                    .map_err(|e| K8sError::Config(format!("kubeconfig {}: {e}", path.display())))?;
-                rt.block_on(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()))
-                    .map_err(|e| K8sError::Config(format!("kubeconfig {}: {e}", path.display())))?
-            }
-            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
-                kube::Config::incluster().map_err(|e| K8sError::Config(format!("in-cluster Kubernetes config: {e}")))?
-            }
-            None => return Ok(None),
-        };
-        let mut config = config;
-        config.connect_timeout = Some(timeout);
-        config.read_timeout = Some(timeout);
-        config.write_timeout = Some(timeout);
+        let Some(config) = rt.block_on(kube_config(kubeconfig, timeout))? else { return Ok(None) };
         let client = {
             let _guard = rt.enter();
             kube::Client::try_from(config).map_err(|e| K8sError::Config(format!("Kubernetes client: {e}")))?
         };
-        Ok(Some(ApiClient { rt, client, timeout }))
+        Ok(Some(ApiClient { rt: Driver::Own(rt), client, timeout }))
+    }
+
+    /// A client whose calls run on `handle`'s runtime (which `client` was made on), for threads
+    /// outside it: the daemon's request threads.
+    pub fn on_runtime(client: kube::Client, handle: tokio::runtime::Handle, timeout: Duration) -> ApiClient {
+        ApiClient { rt: Driver::Shared(handle), client, timeout }
     }
 
     /// Run `call` with the deadline, retrying server errors and failed connections a few

@@ -114,6 +114,16 @@ impl Attachment {
         Ok(())
     }
 
+    /// The type of the delegate's first plugin (`macvlan`, `plexus-host-device`, ...), as the
+    /// daemon's metrics label a delegate.
+    pub fn delegate_type(&self) -> String {
+        let first = match self.conf.get("plugins").and_then(Value::as_array) {
+            Some(plugins) => plugins.first(),
+            None => Some(&self.conf),
+        };
+        first.and_then(|p| p.get("type")).and_then(Value::as_str).unwrap_or_default().to_string()
+    }
+
     /// `network <name> (<ifname>)`, as errors and logs name an attachment.
     pub fn describe(&self) -> String {
         format!("network {} ({})", self.network, self.ifname)

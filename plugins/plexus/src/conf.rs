@@ -66,6 +66,11 @@ pub struct MetaConf {
     /// admin's key, as every meta config key.
     #[serde(default = "default_parallel")]
     pub parallel: bool,
+    /// plexus: the unix socket of `plexus-daemon`. When set, the shim sends each request there
+    /// and runs it itself (thin mode) when the daemon is not there, does not take it within
+    /// [`crate::shim::ANSWER_DEADLINE`] or is busy. The admin's key, as every meta config key.
+    #[serde(default)]
+    pub daemon_socket: Option<PathBuf>,
 }
 
 fn default_parallel() -> bool {

@@ -1,0 +1,206 @@
+//! The daemon's view of the cluster: watch caches (kube-rs reflectors) of every
+//! NetworkAttachmentDefinition and of the pods bound to this node (field selector on
+//! `spec.nodeName`, metadata only), each object trimmed to what plexus reads. A pod or NAD the
+//! cache does not have yet is read from the API; network-status is PATCHed from here.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use plexus_k8s::api::{ApiClient, PodInfo};
+use plexus_k8s::nad::{NadSource, RESOURCE_NAME_ANNOTATION};
+use plexus_k8s::selection::{DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION};
+use plexus_k8s::status::NetworkStatus;
+use plexus_k8s::{K8sError, Nad};
+
+use crate::metrics::Metrics;
+
+fn nad_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    )
+}
+
+/// Keep of an object's metadata only what plexus reads: name, namespace, UID, resource version
+/// and the annotations in `keep`.
+fn trim(meta: &mut kube::api::ObjectMeta, keep: &[&str]) {
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.retain(|k, _| keep.contains(&k.as_str()));
+    }
+}
+
+pub struct Caches {
+    nads: Store<DynamicObject>,
+    pods: Store<PartialObjectMeta<Pod>>,
+    api: Arc<ApiClient>,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+    /// network-status PATCHes waiting for the API, by pod: the newest one's number.
+    pending_status: Arc<Mutex<HashMap<String, u64>>>,
+    next_status: AtomicU64,
+}
+
+/// How often a network-status PATCH the API refused is tried again.
+const STATUS_RETRY: Duration = Duration::from_secs(2);
+
+impl Caches {
+    /// Start both watches on the current runtime; `watch` is a client for long requests, `api`
+    /// one with the per-call deadline.
+    pub fn start(watch: kube::Client, api: ApiClient, node: &str, metrics: Arc<Metrics>) -> Arc<Caches> {
+        let resource = nad_resource();
+        let nad_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+        let nads = nad_writer.as_reader();
+        let nad_stream = watcher(Api::<DynamicObject>::all_with(watch.clone(), &resource), watcher::Config::default())
+            .default_backoff()
+            .modify(|o: &mut DynamicObject| trim(&mut o.metadata, &[RESOURCE_NAME_ANNOTATION]))
+            .reflect(nad_writer);
+        let (pods, pod_writer) = reflector::store::<PartialObjectMeta<Pod>>();
+        let pod_stream = watcher(
+            Api::<PartialObjectMeta<Pod>>::all(watch),
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        )
+        .default_backoff()
+        .modify(|o: &mut PartialObjectMeta<Pod>| {
+            trim(&mut o.metadata, &[NETWORKS_ANNOTATION, DEFAULT_NETWORK_ANNOTATION])
+        })
+        .reflect(pod_writer);
+        for (kind, stream) in
+            [("nads", nad_stream.map(|e| e.map(|_| ())).boxed()), ("pods", pod_stream.map(|e| e.map(|_| ())).boxed())]
+        {
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let mut stream = stream;
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(()) => {}
+                        Err(e) => {
+                            metrics.api_request("watch_error");
+                            tracing::warn!("watch of {kind}: {e} (serving from the cache meanwhile)");
+                        }
+                    }
+                }
+            });
+        }
+        let synced = Arc::new(AtomicBool::new(false));
+        let caches = Arc::new(Caches {
+            nads: nads.clone(),
+            pods: pods.clone(),
+            api: Arc::new(api),
+            metrics,
+            synced: synced.clone(),
+            pending_status: Arc::default(),
+            next_status: AtomicU64::new(0),
+        });
+        tokio::spawn(async move {
+            let (a, b) = tokio::join!(nads.wait_until_ready(), pods.wait_until_ready());
+            if a.is_ok() && b.is_ok() {
+                synced.store(true, Ordering::SeqCst);
+                tracing::info!(nads = nads.len(), pods = pods.len(), "watch caches synced");
+            }
+        });
+        caches
+    }
+
+    /// Both caches have had their first full list.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    fn retry_status(&self, namespace: &str, name: &str, statuses: Vec<NetworkStatus>) {
+        let key = format!("{namespace}/{name}");
+        let n = self.next_status.fetch_add(1, Ordering::SeqCst);
+        self.pending_status.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), n);
+        let (api, pending, metrics) = (self.api.clone(), self.pending_status.clone(), self.metrics.clone());
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(STATUS_RETRY);
+                if pending.lock().unwrap_or_else(|p| p.into_inner()).get(&key) != Some(&n) {
+                    return; // a later status of this pod replaced this one
+                }
+                metrics.api_request("patch_pod");
+                match api.set_network_status(&namespace, &name, &statuses) {
+                    Err(K8sError::Unavailable(_)) => continue,
+                    done => {
+                        if let Err(e) = done {
+                            tracing::error!("network-status of {key}: {e}");
+                        } else {
+                            tracing::info!("network-status of {key} written after the API came back");
+                        }
+                        let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
+                        if p.get(&key) == Some(&n) {
+                            p.remove(&key);
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    pub fn sizes(&self) -> [(&'static str, usize); 2] {
+        [("network-attachment-definition", self.nads.len()), ("pod", self.pods.len())]
+    }
+}
+
+/// How long the daemon waits for its caches at start before it serves anyway (from the API).
+pub const SYNC_WAIT: Duration = Duration::from_secs(10);
+
+impl NadSource for Caches {
+    fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
+        let key = ObjectRef::new_with(name, nad_resource()).within(namespace);
+        match self.nads.get(&key) {
+            Some(obj) => Nad::from_object(&serde_json::to_value(&*obj).map_err(|e| K8sError::Config(e.to_string()))?),
+            None => {
+                // Created a moment ago, or not there at all: the API says which.
+                self.metrics.api_request("get_network_attachment_definition");
+                self.api.nad(namespace, name)
+            }
+        }
+    }
+}
+
+impl plexus::ClusterView for Caches {
+    fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Option<PodInfo>, K8sError> {
+        let cached = self.pods.get(&ObjectRef::new(name).within(namespace));
+        if let Some(p) = cached.filter(|p| uid.is_empty() || p.metadata.uid.as_deref() == Some(uid)) {
+            return Ok(Some(PodInfo {
+                uid: p.metadata.uid.clone().unwrap_or_default(),
+                annotations: p.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
+            }));
+        }
+        // Not yet seen by the watch (the kubelet can be quicker than it), or a new pod of the name.
+        self.metrics.api_request("get_pod");
+        self.api.pod(namespace, name)
+    }
+
+    /// With the API unreachable the attachment stands and the PATCH is retried in the background
+    /// (thin mode can only fail the ADD; a daemon outlives the call): every few seconds until it
+    /// lands, the pod is gone, or a later status of the same pod replaces it.
+    fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        self.metrics.api_request("patch_pod");
+        match self.api.set_network_status(namespace, name, statuses) {
+            Err(K8sError::Unavailable(why)) => {
+                tracing::warn!("network-status of {namespace}/{name}: {why}: retried in the background");
+                self.retry_status(namespace, name, statuses.to_vec());
+                Ok(())
+            }
+            other => {
+                self.pending_status.lock().unwrap_or_else(|p| p.into_inner()).remove(&format!("{namespace}/{name}"));
+                other
+            }
+        }
+    }
+}

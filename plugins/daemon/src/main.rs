@@ -1,0 +1,140 @@
+//! plexus-daemon: the node daemon of plexus's daemon mode.
+//!
+//! The `plexus` shim, when its config names `daemonSocket`, sends each request here; the daemon
+//! runs it with the meta-plugin's own code, reading NADs and pods from watch caches instead of
+//! the API, and PATCHes network-status. Health, readiness and Prometheus metrics on a local
+//! port; at SIGTERM the socket goes (shims run thin meanwhile) and the requests taken finish.
+//!
+//! Every flag is the admin's (the DaemonSet's command line): they say where root listens,
+//! connects and runs delegates.
+
+mod cluster;
+mod http;
+mod metrics;
+mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(name = "plexus-daemon", version, about = "The plexus node daemon (daemon mode of the plexus meta-plugin)")]
+struct Args {
+    /// The unix socket the shim connects to (`daemonSocket` in the meta config); its directory is
+    /// made root-only.
+    #[arg(long, default_value = "/run/plexus/daemon.sock")]
+    socket: PathBuf,
+    /// Where /healthz, /readyz and /metrics are served (keep it on loopback or the node's own
+    /// address: they are not authenticated).
+    #[arg(long, default_value = "127.0.0.1:9134")]
+    metrics_address: SocketAddr,
+    /// kubeconfig of the daemon's identity; without it the in-cluster service account, and
+    /// without that no API (NADs from each request's `nadDir`, as in thin mode).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name: only its pods are watched.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Requests run at once.
+    #[arg(long, default_value_t = 32)]
+    max_concurrent: usize,
+    /// Requests waiting beyond those; past it a request is not taken (the shim runs it itself).
+    #[arg(long, default_value_t = 256)]
+    max_queued: usize,
+    /// At SIGTERM, how long requests already taken may take to finish, in seconds.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace: u64,
+    /// Deadline of each API call (pod and NAD reads the caches miss, network-status), in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    api_timeout: f64,
+    /// The host's root file system as mounted in the daemon's container: the daemon chroots
+    /// there before anything else, so that it and its delegates see the node's files as the
+    /// kubelet's plugins do (every other path, `--kubeconfig` included, is then the host's).
+    #[arg(long)]
+    host_root: Option<PathBuf>,
+    /// The daemon's own log level (requests log where their config says, as in thin mode).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_max_level(plexus_cni::logging::level(&args.log_level))
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
+    plexus_cni::delegate::delegates_die_with_parent();
+    if let Some(root) = &args.host_root {
+        nix::unistd::chroot(root).with_context(|| format!("--host-root {}: chroot", root.display()))?;
+        nix::unistd::chdir("/").context("chdir / in the host root")?;
+        tracing::info!(root = %root.display(), "running in the host's root file system");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let metrics = Arc::new(metrics::Metrics::new());
+    plexus::set_observer(Box::new(metrics::Delegates(metrics.clone())));
+    let timeout = Duration::from_secs_f64(args.api_timeout.max(0.1));
+    let caches = match plexus_k8s::api::kube_config(args.kubeconfig.as_deref(), timeout).await? {
+        Some(config) => {
+            let node = args
+                .node_name
+                .clone()
+                .filter(|n| !n.is_empty())
+                .context("--node-name (or NODE_NAME) is needed with an API: only this node's pods are watched")?;
+            let api = kube::Client::try_from(config.clone()).context("Kubernetes client")?;
+            // Watches are long requests: no per-call read deadline (the server ends each watch).
+            let mut watch_config = config;
+            watch_config.read_timeout = None;
+            let watch = kube::Client::try_from(watch_config).context("Kubernetes client")?;
+            let api = plexus_k8s::api::ApiClient::on_runtime(api, tokio::runtime::Handle::current(), timeout);
+            let caches = cluster::Caches::start(watch, api, &node, metrics.clone());
+            let started = tokio::time::Instant::now();
+            while !caches.synced() && started.elapsed() < cluster::SYNC_WAIT {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if !caches.synced() {
+                tracing::warn!(
+                    "watch caches not synced after {:?}: serving, reading the API on misses",
+                    cluster::SYNC_WAIT
+                );
+            }
+            Some(caches)
+        }
+        None => {
+            tracing::info!("no Kubernetes API configured: NADs from each request's nadDir, as in thin mode");
+            None
+        }
+    };
+    let view = caches.clone().map(|c| c as Arc<dyn plexus::ClusterView>);
+    let daemon = Arc::new(server::Daemon::new(
+        plexus::Meta::in_daemon(view),
+        metrics,
+        args.max_concurrent.max(1),
+        args.max_queued,
+    ));
+    http::serve(args.metrics_address, http::Endpoints { daemon: daemon.clone(), caches }).await?;
+    let listener = server::bind(&args.socket).with_context(|| format!("socket {}", args.socket.display()))?;
+    tracing::info!(socket = %args.socket.display(), "serving");
+    let stop = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (mut term, mut int) = (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok());
+        tokio::select! {
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+            _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    server::serve(listener, args.socket, daemon, stop, Duration::from_secs(args.shutdown_grace)).await;
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! The unix-socket server: the protocol of `plexus::wire`, peers that are root only, at most
+//! `max_concurrent` requests running and `max_queued` more waiting, every request run by the
+//! meta-plugin's own entry point on a thread of its own (as the `plexus` binary would run it).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use plexus::wire;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Notify, Semaphore};
+
+use crate::metrics::Metrics;
+
+/// How long a peer has to send its request, and later its go-ahead.
+const PEER_DEADLINE: Duration = Duration::from_secs(5);
+
+pub struct Daemon {
+    pub meta: plexus::Meta,
+    pub metrics: Arc<Metrics>,
+    pub max_concurrent: usize,
+    pub max_queued: usize,
+    running: Arc<Semaphore>,
+    /// Requests taken and not yet answered (running or queued).
+    pending: AtomicUsize,
+    idle: Notify,
+    pub stopping: AtomicBool,
+}
+
+impl Daemon {
+    pub fn new(meta: plexus::Meta, metrics: Arc<Metrics>, max_concurrent: usize, max_queued: usize) -> Daemon {
+        Daemon {
+            meta,
+            metrics,
+            max_concurrent,
+            max_queued,
+            running: Arc::new(Semaphore::new(max_concurrent)),
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    /// Wait until no request is pending, at most `grace`; how many were left.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let idle = self.idle.notified();
+            let left = self.pending.load(Ordering::SeqCst);
+            if left == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return self.pending.load(Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// One pending request: counted from the moment it is taken until it is answered.
+struct Pending<'a>(&'a Daemon);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.metrics.in_flight(-1);
+        if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Bind `path` as the daemon's socket: its directory root-only (0700), a stale socket of an
+/// earlier daemon replaced (never a file of another kind, never through a symlink), the
+/// socket itself 0600.
+pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    anyhow::ensure!(meta.is_dir(), "{}: not a directory", dir.display());
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => anyhow::bail!("{}: exists and is not a socket: refusing to replace it", path.display()),
+        Err(_) => {}
+    }
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let listener = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = listener?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Serve until `stop` resolves; then the socket goes (new shims run thin at once) and the
+/// requests taken are finished, at most `grace`.
+pub async fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    daemon: Arc<Daemon>,
+    stop: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let d = daemon.clone();
+                    tokio::spawn(async move { connection(d, stream).await });
+                }
+                Err(e) => {
+                    tracing::error!("accept on {}: {e}", path.display());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    daemon.stopping.store(true, Ordering::SeqCst);
+    drop(listener);
+    let _ = std::fs::remove_file(&path);
+    tracing::info!(
+        pending = daemon.pending.load(Ordering::SeqCst),
+        "stopping: socket removed, finishing requests taken"
+    );
+    match daemon.drain(grace).await {
+        0 => tracing::info!("every request answered"),
+        left => tracing::error!(left, "grace period over with requests still running"),
+    }
+}
+
+async fn not_taken(stream: &mut UnixStream, why: &str) {
+    tracing::warn!("request not taken: {why}");
+    let _ = stream.write_all(&[wire::NOT_TAKEN]).await;
+    let _ = stream.write_all(why.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
+    match stream.peer_cred() {
+        Ok(c) if c.uid() == 0 => {}
+        Ok(c) => {
+            tracing::warn!(uid = c.uid(), pid = ?c.pid(), "refused a connection from a peer that is not root");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("refused a connection without peer credentials: {e}");
+            return;
+        }
+    }
+    let mut stream = BufReader::new(stream);
+    let mut line = Vec::new();
+    let mut limited = (&mut stream).take(wire::REQUEST_MAX_BYTES as u64 + 1);
+    let read = tokio::time::timeout(PEER_DEADLINE, limited.read_until(b'\n', &mut line)).await;
+    match read {
+        Ok(Ok(_)) if line.len() > wire::REQUEST_MAX_BYTES => {
+            return not_taken(stream.get_mut(), "request larger than the protocol allows").await;
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return tracing::warn!("reading a request: {e}"),
+        Err(_) => return tracing::warn!("a peer sent no request within {PEER_DEADLINE:?}"),
+    }
+    let request: wire::Request = match serde_json::from_slice(&line) {
+        Ok(r) => r,
+        Err(e) => return not_taken(stream.get_mut(), &format!("unreadable request: {e}")).await,
+    };
+    if request.version != wire::VERSION {
+        let why = format!("protocol version {} (this daemon speaks {})", request.version, wire::VERSION);
+        return not_taken(stream.get_mut(), &why).await;
+    }
+    if daemon.stopping.load(Ordering::SeqCst) {
+        return not_taken(stream.get_mut(), "the daemon is stopping").await;
+    }
+    let limit = daemon.max_concurrent + daemon.max_queued;
+    if daemon.pending.fetch_add(1, Ordering::SeqCst) >= limit {
+        daemon.pending.fetch_sub(1, Ordering::SeqCst);
+        daemon.metrics.refused();
+        let why = format!("busy: {limit} requests running or queued (--max-concurrent + --max-queued)");
+        return not_taken(stream.get_mut(), &why).await;
+    }
+    daemon.metrics.in_flight(1);
+    let _pending = Pending(&daemon);
+    // Taken; run only once the shim says it waits for the answer (a shim past its deadline runs
+    // the request itself and sends nothing).
+    let mut go = [0u8; 1];
+    let agreed = async {
+        stream.get_mut().write_all(&[wire::TAKEN]).await?;
+        stream.read_exact(&mut go).await
+    };
+    match tokio::time::timeout(PEER_DEADLINE, agreed).await {
+        Ok(Ok(_)) if go[0] == wire::GO => {}
+        _ => return tracing::warn!("the shim did not confirm the request: not run"),
+    }
+    let command = request.env.get("CNI_COMMAND").cloned().unwrap_or_default();
+    let Ok(permit) = daemon.running.clone().acquire_owned().await else { return };
+    let started = Instant::now();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let d = daemon.clone();
+    let spawned = std::thread::Builder::new().name("cni-request".into()).spawn(move || {
+        let answer = run(&d.meta, &request);
+        drop(permit);
+        let _ = tx.send(answer);
+    });
+    if let Err(e) = spawned {
+        return tracing::error!("cannot start a request thread: {e}");
+    }
+    let Ok(response) = rx.await else { return };
+    let code = (response.exit != 0).then(|| error_code(&response.stdout));
+    daemon.metrics.request(&command, started.elapsed(), code);
+    let body = serde_json::to_vec(&response).expect("json");
+    let stream = stream.get_mut();
+    if let Err(e) = stream.write_all(&body).await {
+        tracing::warn!("the shim went away before its answer: {e}");
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// One request, through the meta-plugin's entry point with the shim's environment and stdin.
+pub fn run(meta: &plexus::Meta, request: &wire::Request) -> wire::Response {
+    let getenv = |k: &str| request.env.get(k).cloned();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let exit = plexus_cni::plugin::dispatch(
+        plexus::ABOUT,
+        meta,
+        getenv,
+        &mut request.stdin.as_bytes(),
+        &mut stdout,
+        &mut stderr,
+    );
+    wire::Response { exit, stdout: String::from_utf8_lossy(&stdout).into_owned() }
+}
+
+/// The CNI code of an error document (999 when it has none).
+fn error_code(stdout: &str) -> u32 {
+    serde_json::from_str::<serde_json::Value>(stdout)
+        .ok()
+        .and_then(|v| v.get("code").and_then(|c| c.as_u64()))
+        .map(|c| c as u32)
+        .unwrap_or(plexus_cni::code::INTERNAL)
+}

@@ -1,0 +1,606 @@
+//! plexus: the Multus-compatible meta-plugin.
+//!
+//! ADD: config → wait for the readiness file → the pod's attachments (cluster network, default
+//! networks, selected NADs; interface names, device IDs, capability args) → write the delegate
+//! cache → the delegates' ADDs (the cluster network first, then the others concurrently, or one
+//! after another with `"parallel": false`; each result recorded) → on failure, DEL every one sent
+//! an ADD, in reverse, and report the first failed network in annotation order with the
+//! delegate's code and message → network-status → the cluster network's result (or all of them
+//! combined, in annotation order).
+//! DEL: the cache → (else) the attachments rebuilt from the selection → (else) log and succeed;
+//! every delegate gets its DEL (the reverse of ADD's order, concurrently where ADD was), and the
+//! errors are reported together.
+
+//!
+//! The same code runs in `plexus-daemon` (issue: the node daemon), where the cluster is read from
+//! the daemon's watch caches ([`ClusterView`]) and the shim forwards its request ([`shim`]).
+
+mod attachment;
+mod cache;
+mod conf;
+mod plan;
+mod pod;
+pub mod shim;
+pub mod wire;
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use attachment::Attachment;
+use conf::MetaConf;
+use plan::{Pod, SelectionSource};
+use plexus_cni::logging;
+use plexus_cni::undo::Undo;
+use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Policy, Request, code, files};
+use plexus_k8s::api::{ApiClient, PodInfo};
+use plexus_k8s::nad::{DirSource, NadSource};
+use plexus_k8s::status::NetworkStatus;
+use plexus_k8s::{K8sError, Nad, status};
+use pod::PodNetns;
+use serde_json::Value;
+
+pub use conf::MetaConf as Config;
+
+/// The meta-plugin's name and version (the shim's and the daemon's).
+pub const ABOUT: About = About { name: "plexus", version: env!("CARGO_PKG_VERSION") };
+
+/// The meta-plugin. [`Meta::thin`] is the `plexus` binary: it reads the API (or `nadDir`) on
+/// every call and forwards to the daemon when the config names one; [`Meta::in_daemon`] is the
+/// daemon's, which reads its caches and never forwards.
+pub struct Meta {
+    view: Option<Arc<dyn ClusterView>>,
+    in_daemon: bool,
+}
+
+impl Meta {
+    /// The `plexus` binary.
+    pub fn thin() -> Meta {
+        Meta { view: None, in_daemon: false }
+    }
+
+    /// Inside `plexus-daemon`: the cluster is `view` when the daemon has an API (else `nadDir`, as
+    /// in thin mode), and requests are never forwarded.
+    pub fn in_daemon(view: Option<Arc<dyn ClusterView>>) -> Meta {
+        Meta { view, in_daemon: true }
+    }
+}
+
+/// The cluster as the meta-plugin reads and writes it: the pod (selection and UID), NADs, and
+/// network-status. Thin mode asks the API on every call; the daemon answers from its watch
+/// caches.
+pub trait ClusterView: NadSource + Send + Sync {
+    /// The pod's UID and annotations; `None` when the pod is gone. `uid` is the one the runtime
+    /// named (may be empty): a cached pod of another UID is an earlier pod of that name.
+    fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Option<PodInfo>, K8sError>;
+    /// Write `k8s.v1.cni.cncf.io/network-status`.
+    fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError>;
+}
+
+impl ClusterView for ApiClient {
+    fn pod(&self, namespace: &str, name: &str, _uid: &str) -> Result<Option<PodInfo>, K8sError> {
+        ApiClient::pod(self, namespace, name)
+    }
+    fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        ApiClient::set_network_status(self, namespace, name, statuses)
+    }
+}
+
+/// Told of every delegate call (the daemon's metrics).
+pub trait Observer: Send + Sync {
+    /// `command` on `network` (whose first plugin is `delegate_type`) took `took`; `code` is the
+    /// CNI error code when it failed.
+    fn delegate(&self, command: Command, network: &str, delegate_type: &str, took: Duration, code: Option<u32>);
+}
+
+static OBSERVER: OnceLock<Box<dyn Observer>> = OnceLock::new();
+
+/// Set, once per process, who is told of every delegate call.
+pub fn set_observer(observer: Box<dyn Observer>) {
+    let _ = OBSERVER.set(observer);
+}
+
+/// Run one delegate verb, telling the observer how long it took and how it ended.
+fn observed<T>(command: Command, a: &Attachment, call: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    let Some(obs) = OBSERVER.get() else { return call() };
+    let start = Instant::now();
+    let out = call();
+    obs.delegate(command, &a.network, &a.delegate_type(), start.elapsed(), out.as_ref().err().map(|e| e.code));
+    out
+}
+
+/// Where NADs (and the pod's selection) come from: the Kubernetes API (the daemon's caches, or
+/// a client of this invocation's when a kubeconfig or the in-cluster service account is there),
+/// else `nadDir` (with the config's `networks`), else nowhere.
+enum Cluster {
+    Api(Arc<dyn ClusterView>),
+    Dir(DirSource),
+    None,
+}
+
+impl NadSource for Cluster {
+    fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
+        match self {
+            Cluster::Api(api) => api.nad(namespace, name),
+            Cluster::Dir(d) => d.nad(namespace, name),
+            Cluster::None => Err(K8sError::NadNotFound { namespace: namespace.into(), name: name.into() }),
+        }
+    }
+}
+
+fn cluster(conf: &MetaConf, view: Option<&Arc<dyn ClusterView>>) -> Result<Cluster, Error> {
+    if let Some(view) = view {
+        return Ok(Cluster::Api(view.clone()));
+    }
+    if let Some(api) = ApiClient::connect(conf.kubeconfig.as_deref(), conf.api_timeout())? {
+        return Ok(Cluster::Api(Arc::new(api)));
+    }
+    match &conf.nad_dir {
+        Some(dir) => Ok(Cluster::Dir(DirSource::load(dir)?)),
+        None => Ok(Cluster::None),
+    }
+}
+
+impl Cluster {
+    /// The selection: the pod annotation (API; a pod that is gone selects nothing), else the
+    /// config's `networks`. Checks the pod UID the runtime named, when it named one.
+    fn selection<'a>(&self, conf: &'a MetaConf, pod: &Pod) -> Result<SelectionSource<'a>, Error> {
+        match self {
+            Cluster::Api(api) if !pod.name.is_empty() => match api.pod(&pod.namespace, &pod.name, &pod.uid)? {
+                Some(p) => {
+                    if !pod.uid.is_empty() && !p.uid.is_empty() && p.uid != pod.uid {
+                        return Err(Error::try_again_later(format!(
+                            "pod {}/{}: the API has UID {}, the runtime said {}",
+                            pod.namespace, pod.name, p.uid, pod.uid
+                        )));
+                    }
+                    Ok(SelectionSource::Annotation {
+                        networks: plexus_k8s::api::selection_annotation(&p),
+                        default_network: plexus_k8s::api::default_network_annotation(&p),
+                    })
+                }
+                // Unlike Multus (a fake result, nothing attached): a pod the API does not know
+                // (a static pod before its mirror pod exists, or one already deleted) still gets
+                // the cluster and default networks, only no annotation-selected ones.
+                None => Ok(SelectionSource::Annotation { networks: None, default_network: None }),
+            },
+            _ => Ok(SelectionSource::Config(conf.networks.as_deref())),
+        }
+    }
+}
+
+/// The environment every delegate runs with: `binDir` ahead of `CNI_PATH`, `CNI_ARGS` with
+/// `IgnoreUnknown` and the pod's identity (what Multus passes), plexus's mark, and this
+/// invocation's log destination (the admin's: delegates take theirs from here, never from their
+/// own config).
+fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
+    let mut env = req.env.clone();
+    env.vars.push((conf::DELEGATE_MARK_ENV.into(), "1".into()));
+    if let Some(file) = &req.log.file {
+        env.vars.push((logging::LOG_FILE_ENV.into(), file.display().to_string()));
+        env.vars.push((logging::LOG_LEVEL_ENV.into(), req.log.level.clone().unwrap_or_default()));
+    }
+    let mut path = vec![conf.bin_dir.clone()];
+    path.extend(req.env.path.iter().filter(|p| **p != conf.bin_dir).cloned());
+    env.path = path;
+    if !pod.name.is_empty() {
+        env.args.set("IgnoreUnknown", "true");
+        env.args.set("K8S_POD_NAMESPACE", &pod.namespace);
+        env.args.set("K8S_POD_NAME", &pod.name);
+        env.args.set("K8S_POD_INFRA_CONTAINER_ID", &pod.infra_container_id);
+        env.args.set("K8S_POD_UID", &pod.uid);
+    }
+    env
+}
+
+/// The pod's attachments; a network that would run a meta-plugin is refused before any runs.
+fn attachments_for(
+    req: &Request,
+    conf: &MetaConf,
+    pod: &Pod,
+    cluster: &Cluster,
+    base: &CniEnv,
+) -> Result<Vec<Attachment>, Error> {
+    let attachments = plan::plan(req, conf, pod, cluster, cluster.selection(conf, pod)?)?;
+    for a in &attachments {
+        a.refuse_meta_plugin(&base.path)?;
+    }
+    Ok(attachments)
+}
+
+/// Attachments a cache recorded, less any that would run a meta-plugin (a cache written before
+/// plexus refused them): those are logged and left alone, never run.
+fn runnable(attachments: Vec<Attachment>, base: &CniEnv) -> Vec<Attachment> {
+    attachments
+        .into_iter()
+        .filter(|a| match a.refuse_meta_plugin(&base.path) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!("not run: {e}");
+                false
+            }
+        })
+        .collect()
+}
+
+/// network-status for the pod (API only): one element per attachment, device-info included.
+fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], results: &[CniResult]) -> Result<(), Error> {
+    let Cluster::Api(api) = cluster else { return Ok(()) };
+    if pod.name.is_empty() {
+        return Ok(());
+    }
+    let mut all = Vec::new();
+    for (a, r) in attachments.iter().zip(results) {
+        let info = a
+            .device_info_file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref()));
+    }
+    Ok(api.set_network_status(&pod.namespace, &pod.name, &all)?)
+}
+
+/// The selection's `default-route`s applied in the pod; the results that changed are recorded
+/// again in the cache (a later record replaces an earlier one), so CHECK and DEL see them.
+fn apply_default_routes(
+    pod: &PodNetns,
+    cache_path: &std::path::Path,
+    attachments: &mut [Attachment],
+    results: &mut [CniResult],
+) -> Result<(), Error> {
+    for i in pod.apply_default_routes(attachments, results)? {
+        let raw = attachments[i].render(&results[i])?;
+        cache::record_result(cache_path, i, &raw)?;
+        attachments[i].result = Some(raw);
+    }
+    Ok(())
+}
+
+/// The device plugin's device-info, copied where the delegate will look (spec §5); a delegate
+/// that finds none may write its own.
+fn copy_device_info(a: &Attachment) -> Result<(), Error> {
+    if let (Some(r), Some(d), Some(f)) = (&a.resource_name, &a.device_id, &a.device_info_file)
+        && let Ok(doc) = std::fs::read(plan::device_plugin_info(r, d))
+    {
+        files::write_private_atomic(f, &doc)?;
+    }
+    Ok(())
+}
+
+/// The order a pod's attachments run in: groups one after another, the attachments of a group
+/// concurrently. With `parallel`, the cluster network is a group of its own ahead of the others
+/// (the pod's primary interface exists before any secondary one, as with Multus), then every
+/// other attachment at once; without, one group per attachment in annotation order. DEL walks
+/// the groups in reverse.
+fn groups(attachments: &[Attachment], parallel: bool) -> Vec<Vec<usize>> {
+    if !parallel {
+        return (0..attachments.len()).map(|i| vec![i]).collect();
+    }
+    let (cluster, rest): (Vec<usize>, Vec<usize>) =
+        (0..attachments.len()).partition(|&i| attachments[i].cluster_network);
+    [cluster, rest].into_iter().filter(|g| !g.is_empty()).collect()
+}
+
+/// `f` for every index of `group`, concurrently (each on its own thread, in this invocation's log
+/// span; one runs on the calling thread); the answers in the group's order.
+fn run_group<T: Send>(group: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    if let [i] = group {
+        return vec![f(*i)];
+    }
+    let span = tracing::Span::current();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = group
+            .iter()
+            .map(|&i| {
+                let (f, span) = (&f, span.clone());
+                s.spawn(move || span.in_scope(|| f(i)))
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
+/// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
+/// failures; the failures in reverse annotation order.
+fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy, parallel: bool) -> Vec<String> {
+    groups(attachments, parallel).iter().rev().flat_map(|g| teardown_group(attachments, g, base, policy)).collect()
+}
+
+/// DEL one group's attachments at once; the failures, each naming its attachment, in reverse
+/// annotation order.
+fn teardown_group(attachments: &[Attachment], group: &[usize], base: &CniEnv, policy: &Policy) -> Vec<String> {
+    let answers = run_group(group, |i| teardown(&attachments[i], base, policy));
+    group
+        .iter()
+        .zip(answers)
+        .rev()
+        .filter_map(|(&i, answer)| answer.err().map(|e| format!("{}: {e}", attachments[i].describe())))
+        .collect()
+}
+
+/// DEL one attachment; its device-info file goes too (only in the policy's device-info
+/// directory), whatever the delegate answered.
+fn teardown(a: &Attachment, base: &CniEnv, policy: &Policy) -> Result<(), Error> {
+    let deleted = observed(Command::Del, a, || a.del(base));
+    if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
+        let _ = files::remove_if_present(f);
+    }
+    deleted
+}
+
+/// A completed step of the meta-plugin's ADD, and what undoing it takes.
+#[derive(Debug)]
+enum Step {
+    /// The cache file was written: remove it.
+    Cache(PathBuf),
+    /// A group of attachments was sent their ADDs (failed ones too, as the spec wants): DEL them,
+    /// concurrently as they were added. `names` says which, for the report.
+    Attachments { group: Vec<usize>, names: Vec<String> },
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Cache(p) => write!(f, "remove cache file {}", p.display()),
+            Step::Attachments { names, .. } => write!(f, "DEL {}", names.join(", ")),
+        }
+    }
+}
+
+impl Meta {
+    /// Daemon mode (the config names `daemonSocket`, and this is the shim): the daemon's answer —
+    /// `Ok(Some(stdout))` when the request succeeded there, its error when it failed — or `None`
+    /// when the request is to run here: the daemon is not there, does not take it in time, is
+    /// busy, or (any verb but ADD, all of which are safe to repeat) went away mid-request. An ADD
+    /// the daemon took and dropped fails with code 11: the daemon may have done part of it, which
+    /// the runtime's DEL undoes before it tries again.
+    fn via_daemon(&self, req: &Request, conf: &MetaConf) -> Result<Option<String>, Error> {
+        let Some(socket) = conf.daemon_socket.as_deref().filter(|_| !self.in_daemon) else { return Ok(None) };
+        match shim::forward(socket, &req.stdin) {
+            shim::Forwarded::Answered(r) if r.exit == 0 => {
+                tracing::debug!(socket = %socket.display(), "answered by plexus-daemon");
+                Ok(Some(r.stdout))
+            }
+            shim::Forwarded::Answered(r) => Err(serde_json::from_str::<Error>(&r.stdout).unwrap_or_else(|e| {
+                Error::internal(format!("plexus-daemon's answer is not a CNI error ({e}): {:?}", r.stdout))
+            })),
+            shim::Forwarded::Lost(why) if req.env.command == Command::Add => {
+                Err(Error::try_again_later(why).with_details("the runtime's DEL undoes what the daemon did"))
+            }
+            shim::Forwarded::RunHere(why) | shim::Forwarded::Lost(why) => {
+                tracing::warn!("plexus-daemon: {why}: running the {} here (thin mode)", req.env.command);
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl Plugin for Meta {
+    fn known_args(&self) -> &'static [&'static str] {
+        &["IP", "MAC", "GATEWAY"]
+    }
+
+    /// The meta config is the admin's (the CNI conf dir), unless plexus runs as a delegate of
+    /// plexus — then it is a network's, and refused.
+    fn admin_config(&self, _req: &Request) -> bool {
+        !conf::running_as_delegate()
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, Error> {
+        let conf = MetaConf::load(req)?;
+        if let Some(stdout) = self.via_daemon(req, &conf)? {
+            return CniResult::parse(stdout.as_bytes());
+        }
+        conf.wait_ready()?;
+        let pod = Pod::from_request(req);
+        let base = delegate_env(req, &conf, &pod);
+        let cluster = cluster(&conf, self.view.as_ref())?;
+        let mut state = cache::Cache {
+            version: cache::CACHE_VERSION,
+            container_id: req.env.container_id.clone(),
+            netns: req.env.netns.clone(),
+            pod_ref: pod.reference(),
+            attachments: attachments_for(req, &conf, &pod, &cluster, &base)?,
+        };
+        if state.attachments.is_empty() {
+            return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
+        }
+        // Before any delegate runs, as Multus: the pod's namespace exists and has none of the
+        // interface names asked for.
+        let pod_netns = PodNetns::open(req.netns().expect("ADD has CNI_NETNS"))?;
+        pod_netns.refuse_taken_names(&state.attachments)?;
+        let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
+        // Before any delegate runs: a crash from here on leaves what DEL needs.
+        cache::save(&cache_path, &state)?;
+        let mut undo = Undo::new();
+        undo.push(Step::Cache(cache_path.clone()));
+        let mut results = Vec::new();
+        let attached = (|| {
+            // One result record at a time in the cache file.
+            let recording = std::sync::Mutex::new(());
+            let attach = |i: usize| {
+                let a = &state.attachments[i];
+                tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
+                // A device-info file that cannot be placed or a result the cache cannot record is a
+                // failed ADD too.
+                copy_device_info(a)
+                    .and_then(|()| observed(Command::Add, a, || a.add(&base)))
+                    .and_then(|(result, raw)| {
+                        let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                        cache::record_result(&cache_path, i, &raw).map(|()| (result, raw))
+                    })
+                    .map_err(|e| {
+                        e.context(format!("[{}] adding {}", pod.reference().unwrap_or_default(), a.describe()))
+                    })
+            };
+            let mut added = Vec::new();
+            for group in groups(&state.attachments, conf.parallel) {
+                let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
+                undo.push(Step::Attachments { group: group.clone(), names });
+                let answers = run_group(&group, attach);
+                // The first failure in annotation order is the ADD's error; the others are logged.
+                let mut failed = None;
+                for (i, answer) in group.into_iter().zip(answers) {
+                    match answer {
+                        Ok(done) => added.push((i, done)),
+                        Err(e) if failed.is_none() => failed = Some(e),
+                        Err(e) => tracing::error!("{e}"),
+                    }
+                }
+                if let Some(e) = failed {
+                    // The rollback DELs those that succeeded with their results, as a DEL from the
+                    // cache would.
+                    for (i, (_, raw)) in added {
+                        state.attachments[i].result = Some(raw);
+                    }
+                    return Err(e);
+                }
+            }
+            added.sort_by_key(|(i, _)| *i);
+            for (i, (result, raw)) in added {
+                state.attachments[i].result = Some(raw);
+                results.push(result);
+            }
+            apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
+                .map_err(|e| e.context("default-route"))?;
+            write_status(&cluster, &pod, &state.attachments, &results).map_err(|e| e.context("set network-status"))
+        })();
+        if let Err(e) = attached {
+            return Err(undo.unwind(e, |step| match step {
+                Step::Cache(path) => files::remove_if_present(&path),
+                Step::Attachments { group, .. } => {
+                    let failed = teardown_group(&state.attachments, &group, &base, &req.policy);
+                    if failed.is_empty() { Ok(()) } else { Err(Error::new(code::DELEGATE_FAILED, failed.join("; "))) }
+                }
+            }));
+        }
+        undo.commit();
+        let cluster_network = state.attachments.iter().position(|a| a.cluster_network);
+        Ok(match cluster_network {
+            Some(i) => results.swap_remove(i),
+            None => attachment::combine(&results),
+        })
+    }
+
+    fn del(&self, req: &Request) -> Result<(), Error> {
+        let conf = MetaConf::load(req)?;
+        if self.via_daemon(req, &conf)?.is_some() {
+            return Ok(());
+        }
+        let pod = Pod::from_request(req);
+        let base = delegate_env(req, &conf, &pod);
+        let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
+        let attachments = match cache::load(&cache_path) {
+            Ok(Some(c)) => runnable(c.attachments, &base),
+            other => {
+                if let Err(why) = other {
+                    // A cache that does not parse must not make DEL a no-op (Multus #1087).
+                    tracing::error!("delegate cache unreadable, rebuilding the attachments: {why}");
+                }
+                match cluster(&conf, self.view.as_ref()).and_then(|c| attachments_for(req, &conf, &pod, &c, &base)) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::error!("cannot rebuild the attachments, nothing deleted: {e}");
+                        let _ = files::remove_if_present(&cache_path);
+                        cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        let errors = delete_all(&attachments, &base, &req.policy, conf.parallel);
+        if errors.is_empty() || !conf.retry_delete_on_error {
+            files::remove_if_present(&cache_path)?;
+        }
+        cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::new(code::DELEGATE_FAILED, format!("DEL failed for {} attachment(s)", errors.len()))
+                .with_details(errors.join("; ")))
+        }
+    }
+
+    fn check(&self, req: &Request) -> Result<(), Error> {
+        let conf = MetaConf::load(req)?;
+        if self.via_daemon(req, &conf)?.is_some() {
+            return Ok(());
+        }
+        let pod = Pod::from_request(req);
+        let base = delegate_env(req, &conf, &pod);
+        let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
+        let state = cache::load(&cache_path)
+            .map_err(|why| Error::new(code::CHECK_FAILED, format!("delegate cache unreadable: {why}")))?
+            .ok_or_else(|| {
+                Error::new(
+                    code::CHECK_FAILED,
+                    format!("no attachments recorded for container {}", req.env.container_id),
+                )
+            })?;
+        // Every attachment, not only the cluster network (Multus checks only static delegates).
+        for a in &runnable(state.attachments, &base) {
+            observed(Command::Check, a, || a.check(&base))?;
+        }
+        Ok(())
+    }
+
+    fn status(&self, req: &Request) -> Result<(), Error> {
+        let conf = MetaConf::load(req)?;
+        if self.via_daemon(req, &conf)?.is_some() {
+            return Ok(());
+        }
+        let pod = Pod::default();
+        let base = delegate_env(req, &conf, &pod);
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
+            a.status_or_gc(&base, Command::Status, None)?;
+        }
+        Ok(())
+    }
+
+    fn gc(&self, req: &Request) -> Result<(), Error> {
+        let conf = MetaConf::load(req)?;
+        if self.via_daemon(req, &conf)?.is_some() {
+            return Ok(());
+        }
+        let valid = req.valid_attachments()?;
+        let pod = Pod::default();
+        let base = delegate_env(req, &conf, &pod);
+        let mut errors = Vec::new();
+        cache::remove_stale_leftovers(&conf.cni_dir, std::time::Duration::from_secs(60));
+        // Attachments of containers the runtime no longer knows: DEL them from their caches.
+        let mut kept = Vec::new();
+        for (path, c) in cache::all(&conf.cni_dir) {
+            if valid.iter().any(|v| v.container_id == c.container_id) {
+                kept.push(c);
+                continue;
+            }
+            let mut env = base.clone();
+            env.container_id = c.container_id.clone();
+            env.netns = c.netns.clone();
+            errors.extend(delete_all(&runnable(c.attachments, &env), &env, &req.policy, conf.parallel));
+            let _ = files::remove_if_present(&path);
+        }
+        // Then GC on every delegate network, with the attachments still valid for it.
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
+            let still: Vec<Value> = kept
+                .iter()
+                .flat_map(|c| {
+                    c.attachments
+                        .iter()
+                        .filter(|x| x.network == a.network)
+                        .map(|x| serde_json::json!({"containerID": c.container_id, "ifname": x.ifname}))
+                })
+                .collect();
+            if let Err(e) = a.status_or_gc(&base, Command::Gc, Some(&Value::Array(still))) {
+                errors.push(e.to_string());
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::new(code::DELEGATE_FAILED, "GC could not clean every attachment")
+                .with_details(errors.join("; ")))
+        }
+    }
+}

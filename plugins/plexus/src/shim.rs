@@ -1,0 +1,74 @@
+//! The shim's side of daemon mode: send the invocation to `plexus-daemon` and hand its answer
+//! back, or say why the request is to be run here, in thin mode (Multus's shim fails instead).
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::wire;
+
+/// How long the daemon has to take a request (connect, send, its one-byte answer). Past it the
+/// shim runs the request itself.
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(1);
+
+/// How a forwarded request ended.
+#[derive(Debug)]
+pub enum Forwarded {
+    /// The daemon ran it: what to print and exit with.
+    Answered(wire::Response),
+    /// The daemon did not take it (why): run it here.
+    RunHere(String),
+    /// The daemon took it and went away before answering (why): it may have done part of it.
+    Lost(String),
+}
+
+/// Send this invocation (`stdin` and the process's CNI environment) to the daemon at `socket`.
+pub fn forward(socket: &Path, stdin: &[u8]) -> Forwarded {
+    let request = wire::Request {
+        version: wire::VERSION,
+        env: std::env::vars().filter(|(k, _)| wire::forwarded(k)).collect(),
+        stdin: String::from_utf8_lossy(stdin).into_owned(),
+    };
+    let at = socket.display();
+    let mut stream = match UnixStream::connect(socket) {
+        Ok(s) => s,
+        Err(e) => return Forwarded::RunHere(format!("cannot connect to {at}: {e}")),
+    };
+    let sent = (|| {
+        stream.set_write_timeout(Some(ANSWER_DEADLINE))?;
+        stream.set_read_timeout(Some(ANSWER_DEADLINE))?;
+        let mut line = serde_json::to_vec(&request).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        stream.write_all(&line)?;
+        let mut answer = [0u8; 1];
+        stream.read_exact(&mut answer)?;
+        Ok::<u8, std::io::Error>(answer[0])
+    })();
+    match sent {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Forwarded::RunHere(format!("{at} did not take the request within {ANSWER_DEADLINE:?}"))
+        }
+        Err(e) => Forwarded::RunHere(format!("{at}: {e}")),
+        Ok(wire::NOT_TAKEN) => {
+            let mut why = String::new();
+            let _ = stream.read_to_string(&mut why);
+            Forwarded::RunHere(format!("{at} did not take the request: {why}"))
+        }
+        Ok(wire::TAKEN) => {
+            if let Err(e) = stream.write_all(&[wire::GO]) {
+                // Not confirmed: the daemon does not run it.
+                return Forwarded::RunHere(format!("{at} took the request, then: {e}"));
+            }
+            let mut answer = Vec::new();
+            let read = stream.set_read_timeout(None).and_then(|()| stream.read_to_end(&mut answer));
+            match read.map_err(|e| e.to_string()).and_then(|_| {
+                serde_json::from_slice::<wire::Response>(&answer).map_err(|e| format!("unreadable answer: {e}"))
+            }) {
+                Ok(response) => Forwarded::Answered(response),
+                Err(why) => Forwarded::Lost(format!("{at} took the request and went away: {why}")),
+            }
+        }
+        Ok(other) => Forwarded::RunHere(format!("{at} answered {other:#04x}, not the plexus-daemon protocol")),
+    }
+}

@@ -1,0 +1,332 @@
+//! plexus-daemon without Kubernetes (NADs from `nadDir`, as the shim would read them): the shim
+//! forwards to it over its socket; with the daemon down, busy, killed or stopping, the shim is
+//! never worse off than in thin mode. Real namespaces, real delegates (plexus-macvlan +
+//! plexus-ipam), the daemon a real process in the node namespace.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use plexus_tests::{DaemonProcess, Lab, Netns, Outcome, PluginRun, plugin_bin};
+use serde_json::{Value, json};
+
+fn bin_dir() -> PathBuf {
+    plugin_bin("plexus").parent().unwrap().to_path_buf()
+}
+
+/// A node with two NICs, NADs `rail0` (plexus-macvlan) and `gated` (plexus-macvlan behind a
+/// gate: its ADD waits until the test opens it), and a daemon socket path.
+struct Node {
+    lab: Lab,
+    pod2: Netns,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let lab = Lab::new();
+        lab.add_nic("nic0", 9000);
+        lab.add_nic("nic1", 9000);
+        let pod2 = lab.another_pod();
+        let n = Node { lab, pod2, dir: tempfile::tempdir().unwrap() };
+        for d in ["nads", "gate", "run"] {
+            std::fs::create_dir_all(n.dir.path().join(d)).unwrap();
+        }
+        let ipam = |range: &str| json!({"type": "plexus-ipam", "range": range, "dataDir": n.ipam_dir()});
+        n.nad(
+            "rail0",
+            json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0", "ipam": ipam("198.18.30.0/24")}),
+        );
+        n.nad(
+            "gated",
+            json!({"cniVersion": "1.0.0", "type": "gated", "master": "nic1", "ipam": ipam("198.18.31.0/24")}),
+        );
+        let gate = n.dir.path().join("gate");
+        let script = format!(
+            "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then\n  touch {g}/entered-$CNI_CONTAINERID\n  while [ ! -e {g}/open ]; do sleep 0.02; done\nfi\nexec {m}\n",
+            g = gate.display(),
+            m = bin_dir().join("plexus-macvlan").display()
+        );
+        std::fs::write(gate.join("gated"), script).unwrap();
+        std::fs::set_permissions(gate.join("gated"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        n
+    }
+
+    fn nad(&self, name: &str, config: Value) {
+        let yaml = format!(
+            "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  config: '{config}'\n"
+        );
+        std::fs::write(self.dir.path().join("nads").join(format!("{name}.yaml")), yaml).unwrap();
+    }
+
+    fn ipam_dir(&self) -> String {
+        self.dir.path().join("ipam").display().to_string()
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("run/plexus/daemon.sock")
+    }
+
+    fn shim_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("shim.log")).unwrap_or_default()
+    }
+
+    fn conf(&self, networks: &str) -> Value {
+        json!({"cniVersion": "1.1.0", "name": "plexus", "type": "plexus", "nadDir": self.dir.path().join("nads"),
+               "networks": networks, "cniDir": self.dir.path().join("cache"), "binDir": self.dir.path().join("gate"),
+               "daemonSocket": self.socket(), "logFile": self.dir.path().join("shim.log"), "logLevel": "debug"})
+    }
+
+    fn daemon(&self, args: &[&str]) -> DaemonProcess {
+        DaemonProcess::start(&self.lab.node.path(), &self.socket(), &self.dir.path().join("daemon.log"), args)
+    }
+
+    fn run(&self, verb: &str, container: &str, c: &Value) -> Outcome {
+        let pod = if container == "pod1" { self.lab.pod.path() } else { self.pod2.path() };
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment(container, &pod, "eth0", &bin_dir().display().to_string())
+            .stdin(c)
+            .in_netns(&self.lab.node)
+            .run()
+    }
+
+    fn open_gate(&self) {
+        std::fs::write(self.dir.path().join("gate/open"), "").unwrap();
+    }
+
+    /// Opens the gate when dropped: a test that fails while a gated ADD waits does not hang.
+    fn gate_guard(&self) -> GateGuard<'_> {
+        GateGuard(self)
+    }
+
+    fn wait_entered(&self, container: &str) {
+        let f = self.dir.path().join(format!("gate/entered-{container}"));
+        let start = Instant::now();
+        while !f.exists() {
+            assert!(start.elapsed() < Duration::from_secs(20), "the gated delegate never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn held(&self) -> usize {
+        std::fs::read_dir(Path::new(&self.ipam_dir()).join("default/ips")).map(|d| d.count()).unwrap_or(0)
+    }
+
+    fn cached(&self) -> usize {
+        std::fs::read_dir(self.dir.path().join("cache")).map(|d| d.count()).unwrap_or(0)
+    }
+
+    fn pod_links(&self) -> Vec<String> {
+        self.lab.pod.links().into_iter().map(|l| l.ifname).collect()
+    }
+}
+
+struct GateGuard<'a>(&'a Node);
+
+impl Drop for GateGuard<'_> {
+    fn drop(&mut self) {
+        self.0.open_gate();
+    }
+}
+
+/// The count of a histogram series (`request_duration_seconds` by verb, say).
+fn count(d: &DaemonProcess, series: &str) -> f64 {
+    d.sample(&format!("plexus_daemon_{series}"))
+}
+
+#[test]
+fn a_pod_attached_through_the_daemon_gets_what_thin_mode_gives_and_the_metrics_count_it() {
+    let n = Node::new();
+    let d = n.daemon(&[]);
+    let c = n.conf("rail0");
+    let thin = {
+        let mut c = c.clone();
+        c.as_object_mut().unwrap().remove("daemonSocket");
+        c
+    };
+    let r = n.run("ADD", "pod1", &c).result();
+    assert_eq!(r["interfaces"][0]["name"], "net1");
+    assert_eq!(r["ips"][0]["address"], "198.18.30.1/24");
+    assert_eq!(n.lab.pod.addrs("net1")[0].cidr(), "198.18.30.1/24");
+    // The same request in thin mode, for another pod, prints the same document but for its
+    // own addresses and namespace.
+    let t = n.run("ADD", "pod2", &thin).result();
+    let strip = |mut v: Value| {
+        for i in v["interfaces"].as_array_mut().unwrap() {
+            i.as_object_mut().unwrap().remove("sandbox");
+            i.as_object_mut().unwrap().remove("mac");
+        }
+        v["ips"][0]["address"] = json!("-");
+        v
+    };
+    assert_eq!(strip(r.clone()), strip(t), "daemon and thin mode answer alike");
+    assert!(n.run("CHECK", "pod1", &c).success());
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert!(n.run("DEL", "pod2", &thin).success());
+    assert_eq!(n.pod_links(), ["lo"]);
+    assert_eq!((n.held(), n.cached()), (0, 0));
+    // Served by the daemon: the shim never ran a delegate itself, the metrics saw every verb.
+    assert!(!n.shim_log().contains("thin mode"), "{}", n.shim_log());
+    assert_eq!(count(&d, "request_duration_seconds_count{command=\"ADD\"}"), 1.0);
+    assert_eq!(count(&d, "request_duration_seconds_count{command=\"CHECK\"}"), 1.0);
+    assert_eq!(count(&d, "request_duration_seconds_count{command=\"DEL\"}"), 1.0);
+    assert_eq!(
+        count(&d, "delegate_duration_seconds_count{command=\"ADD\",network=\"default/rail0\",type=\"plexus-macvlan\"}"),
+        1.0
+    );
+    let m = d.metrics();
+    assert!(m.contains("plexus_daemon_request_duration_seconds_bucket{le=\"0.001\",command=\"ADD\"}"), "{m}");
+    assert!(m.contains("# TYPE plexus_daemon_delegate_duration_seconds histogram"), "{m}");
+}
+
+#[test]
+fn errors_come_back_with_their_cni_code_and_are_counted_by_code() {
+    let n = Node::new();
+    let d = n.daemon(&[]);
+    let (code, msg, _) = n.run("ADD", "pod1", &n.conf("nosuch")).error();
+    assert_eq!(code, 7, "{msg}");
+    assert!(msg.contains("nosuch"), "{msg}");
+    assert_eq!(count(&d, "request_errors_total{command=\"ADD\",code=\"7\"}"), 1.0);
+    assert_eq!(n.cached(), 0);
+}
+
+#[test]
+fn with_the_daemon_down_or_gone_the_shim_runs_the_request_itself_and_says_so() {
+    let n = Node::new();
+    let c = n.conf("rail0");
+    // Never started: no socket.
+    let r = n.run("ADD", "pod1", &c);
+    assert!(r.success(), "{}", r.stdout);
+    assert!(n.shim_log().contains("running the ADD here (thin mode)"), "{}", n.shim_log());
+    assert!(n.run("DEL", "pod1", &c).success());
+    // Killed: its socket is left behind, nobody listens.
+    let mut d = n.daemon(&[]);
+    d.kill();
+    assert!(n.socket().exists());
+    let r = n.run("ADD", "pod1", &c);
+    assert!(r.success(), "{}", r.stdout);
+    assert!(n.shim_log().contains("Connection refused"), "{}", n.shim_log());
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+    // Started again over the stale socket: serves.
+    let d = n.daemon(&[]);
+    assert!(n.run("ADD", "pod1", &c).success());
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert_eq!(count(&d, "request_duration_seconds_count{command=\"ADD\"}"), 1.0);
+}
+
+#[test]
+fn a_daemon_killed_mid_add_fails_it_with_code_11_the_runtimes_del_cleans_up_and_the_retry_succeeds() {
+    let n = Node::new();
+    let mut d = n.daemon(&[]);
+    let c = n.conf("rail0,gated");
+    let add = std::thread::scope(|s| {
+        // Opened when the scope ends: by then the daemon (and the gated delegate) is gone.
+        let _gate = n.gate_guard();
+        let add = s.spawn(|| n.run("ADD", "pod1", &c));
+        n.wait_entered("pod1");
+        // rail0 is done (its link is in the pod), the gated one is under way.
+        let start = Instant::now();
+        while n.lab.pod.link("net1").is_none() {
+            assert!(start.elapsed() < Duration::from_secs(20), "rail0 never attached");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d.kill();
+        add.join().unwrap()
+    });
+    let (code, msg, details) = add.error();
+    assert_eq!(code, 11, "{msg}");
+    assert!(msg.contains("went away"), "{msg}");
+    assert!(details.contains("DEL"), "{details}");
+    assert!(n.held() >= 1 && n.cached() == 1, "the killed ADD left its work for DEL");
+    // The runtime's DEL, daemon down: thin mode, from the cache.
+    let del = n.run("DEL", "pod1", &c);
+    assert!(del.success(), "{}", del.stdout);
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+    // The kubelet's retry, the daemon back.
+    let _d = n.daemon(&[]);
+    n.open_gate();
+    let r = n.run("ADD", "pod1", &c).result();
+    assert_eq!(r["interfaces"].as_array().unwrap().len(), 2);
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}
+
+#[test]
+fn sigterm_removes_the_socket_at_once_and_finishes_the_request_taken() {
+    let n = Node::new();
+    let mut d = n.daemon(&[]);
+    let c = n.conf("gated");
+    std::thread::scope(|s| {
+        let _gate = n.gate_guard();
+        let add = s.spawn(|| n.run("ADD", "pod1", &c));
+        n.wait_entered("pod1");
+        d.terminate();
+        let start = Instant::now();
+        while n.socket().exists() {
+            assert!(start.elapsed() < Duration::from_secs(5), "the socket stayed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Meanwhile a new request runs thin.
+        let other = n.run("ADD", "pod2", &n.conf("rail0"));
+        assert!(other.success(), "{}", other.stdout);
+        assert_eq!(d.get("/readyz").map(|(code, _)| code), Some(503), "not ready while stopping");
+        n.open_gate();
+        let r = add.join().unwrap();
+        assert!(r.success(), "the request taken before SIGTERM finished: {}", r.stdout);
+    });
+    assert!(d.wait(Duration::from_secs(10)).success());
+    assert!(d.log_text().contains("every request answered"), "{}", d.log_text());
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert!(n.run("DEL", "pod2", &n.conf("rail0")).success());
+    assert_eq!((n.held(), n.cached()), (0, 0));
+}
+
+#[test]
+fn past_the_queue_limit_a_request_is_not_taken_and_the_shim_runs_it_itself() {
+    let n = Node::new();
+    let d = n.daemon(&["--max-concurrent", "1", "--max-queued", "0"]);
+    let gated = n.conf("gated");
+    std::thread::scope(|s| {
+        let _gate = n.gate_guard();
+        let first = s.spawn(|| n.run("ADD", "pod1", &gated));
+        n.wait_entered("pod1");
+        let second = n.run("ADD", "pod2", &n.conf("rail0"));
+        assert!(second.success(), "{}", second.stdout);
+        assert!(n.shim_log().contains("busy"), "{}", n.shim_log());
+        n.open_gate();
+        assert!(first.join().unwrap().success());
+    });
+    assert_eq!(count(&d, "requests_refused_total"), 1.0);
+    assert_eq!(count(&d, "request_duration_seconds_count{command=\"ADD\"}"), 1.0, "the refused one ran thin");
+    assert!(n.run("DEL", "pod1", &gated).success());
+    assert!(n.run("DEL", "pod2", &n.conf("rail0")).success());
+    assert_eq!((n.held(), n.cached()), (0, 0));
+}
+
+#[test]
+fn the_socket_is_root_only_and_another_protocol_version_is_not_taken() {
+    let n = Node::new();
+    let _d = n.daemon(&[]);
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&n.socket()), 0o600);
+    assert_eq!(mode(n.socket().parent().unwrap()), 0o700);
+    // A peer of another uid is dropped before anything is read (the directory keeps it out
+    // anyway; this is the daemon's own check).
+    let peer = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "python3", "-c"])
+        .arg(format!(
+            "import socket;s=socket.socket(socket.AF_UNIX);s.connect('{}');print('connected')",
+            n.socket().display()
+        ))
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&peer.stdout).contains("connected"), "uid 65534 reached the socket");
+    // Another version of the protocol: answered "not taken", with why.
+    let mut s = std::os::unix::net::UnixStream::connect(n.socket()).unwrap();
+    s.write_all(b"{\"version\":99,\"env\":{},\"stdin\":\"\"}\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with('-') && answer.contains("protocol version 99"), "{answer}");
+}
