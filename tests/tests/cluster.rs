@@ -1094,11 +1094,28 @@ fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_dow
     let m = c.daemon_metrics();
     assert_eq!(sample(&m, "api_requests_total{request=\"get_network_attachment_definition\"}"), 0.0, "{m}");
     assert_eq!(sample(&m, "api_requests_total{request=\"get_pod\"}"), 0.0, "pods from the cache: {m}");
-    wait_until("network-status written once the API is back", Duration::from_secs(60), || {
+    assert!(
+        c.plexus_log().contains("network-status of default/next: ")
+            && c.plexus_log().contains("retried in the background"),
+        "the ADD with the API down stood, its PATCH left to the background:\n{}",
+        c.plexus_log()
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
         let (_, logs) = c.kubectl(&["-n", "kube-system", "logs", "daemonset/plexus"], None);
-        logs.contains("network-status of default/next written after the API came back")
-    });
-    assert_eq!(c.pod_addrs("default", "next"), BTreeSet::from(["net1 198.19.251.1/24".to_string()]));
+        if logs.contains("network-status of default/next written after the API came back") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "network-status not written once the API was back; the daemon's log:\n{logs}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The new sandbox's address, from the updated NAD's range (which one depends on whether the
+    // old sandbox's DEL had released its address yet).
+    let again = c.pod_addrs("default", "next");
+    assert!(again.len() == 1 && again.iter().all(|a| a.starts_with("net1 198.19.251.")), "{again:?}");
     c.delete("default", &["pod", "steady", "next"]);
     wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
     c.wait_no_state_or_cache();

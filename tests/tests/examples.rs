@@ -214,10 +214,14 @@ fn the_daemon_mode_daemonset_runs_plexus_daemon_in_the_hosts_root_with_probes_li
     let spec = &ds["spec"]["template"]["spec"];
     assert_eq!(spec["serviceAccountName"], objs[1]["metadata"]["name"]);
     assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["hostPID"], true, "after the chroot /proc is the host's: its PIDs must be the daemon's");
     let c = &spec["containers"][0];
     // The host's root, propagated (network namespaces appear after the daemon starts).
     assert_eq!(spec["volumes"], json!([{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]));
-    assert_eq!(c["volumeMounts"], json!([{"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}]));
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}])
+    );
     let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(env, ["NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "DAEMON_SOCKET"]);
     assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
