@@ -33,7 +33,7 @@ REF=/usr/lib/cni
 # SECTIONS picks sections (default: all); BENCH_WORK keeps results in (and reuses) a directory, so
 # a later run can add sections to the same report.
 # "fuzz" (every fuzz target to 10 million executions: hours) runs only when named.
-SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta rails cluster soak}
+SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta rails cluster daemon soak}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 work=${BENCH_WORK:-$(mktemp -d)}
 mkdir -p "$work"
@@ -273,6 +273,33 @@ hf meta-api env CNI_COMMAND=ADD CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=defa
   "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta-api.json" \
   --prepare "$fresh_pod" --export-json "$work/meta-api.json.out" -n plexus "$BIN/plexus"
 mv "$work/meta-api.json.out" "$work/meta-api-result.json"
+# Daemon mode (issue #16): the same two ADDs, the shim sending each to plexus-daemon over its
+# socket; the daemon reads the pod and NAD from its watch caches of the same fake API server and
+# PATCHes network-status over a connection it keeps.
+daemon_up() {
+  ip netns exec "$node" "$BIN/plexus-daemon" --socket "$work/run/daemon.sock" --metrics-address 127.0.0.1:9134 \
+    --log-level error "$@" 2>> "$work/daemon.log" &
+  daemon_pid=$!
+  for _ in $(seq 200); do
+    ip netns exec "$node" curl -sf http://127.0.0.1:9134/readyz > /dev/null 2>&1 && [ -S "$work/run/daemon.sock" ] && return 0
+    sleep 0.05
+  done
+  echo "plexus-daemon did not become ready" >&2; cat "$work/daemon.log" >&2; exit 1
+}
+daemon_down() { kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null || true; }
+with_socket() { sed "s|}\$|,\"daemonSocket\":\"$work/run/daemon.sock\"}|" "$1" > "$2"; }
+with_socket "$work/meta.json" "$work/meta-daemon.json"
+with_socket "$work/meta-api.json" "$work/meta-api-daemon.json"
+daemon_up
+hf meta-daemon env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta-daemon.json" \
+  --prepare "$fresh_pod" --export-json "$work/meta-daemon-result.json" -n plexus "$BIN/plexus"
+daemon_down
+daemon_up --kubeconfig "$work/kubeconfig" --node-name bench-node
+hf meta-api-daemon env CNI_COMMAND=ADD CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench;K8S_POD_UID=uid-bench" \
+  "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta-api-daemon.json" \
+  --prepare "$fresh_pod" --export-json "$work/meta-api-daemon-result.json" -n plexus "$BIN/plexus"
+echo "{\"daemon\": $(awk '/VmHWM/ {print $2}' /proc/$daemon_pid/status)}" > "$work/meta-daemon-rss.json"
+daemon_down
 eval "exec ${FAKE[1]}>&-"
 wait "$FAKE_PID" 2>/dev/null || true
 ip -n "$pod" link del net1 2>/dev/null || true
@@ -317,6 +344,11 @@ fi
 if want cluster; then
 echo "== a real node: plexus vs Multus + macvlan + whereabouts (scripts/bench/cluster.sh)"
 bash scripts/bench/cluster.sh "$work"
+fi
+
+if want daemon; then
+echo "== plexus-daemon against Multus thick's multus-daemon, 5,000 NADs and 10,000 pods (scripts/bench/daemon-rss.sh)"
+bash scripts/bench/daemon-rss.sh "$work"
 fi
 
 if want soak; then

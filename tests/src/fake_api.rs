@@ -240,9 +240,15 @@ impl Drop for FakeApi {
     }
 }
 
+fn list<'a>(kind: &str, api_version: &str, items: impl Iterator<Item = &'a Value>) -> Value {
+    json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": "1"},
+           "items": items.cloned().collect::<Vec<_>>()})
+}
+
 async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
+    let watch = req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
     let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let fault = {
@@ -274,6 +280,16 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
         return Ok(respond(401, &status_body(401, "Unauthorized", "Unauthorized")));
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let listing = matches!(
+        (method.as_str(), parts.as_slice()),
+        ("GET", ["api", "v1", "pods"]) | ("GET", ["apis", "k8s.cni.cncf.io", "v1", "network-attachment-definitions"])
+    );
+    if listing && watch {
+        // A watch (plexus-daemon's reflectors): nothing ever changes here, so it stays open,
+        // quiet, until the server goes.
+        tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
+        return Ok(respond(200, &json!({})));
+    }
     let mut s = state.lock().unwrap();
     let reply = match (method.as_str(), parts.as_slice()) {
         ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => match s.pods.get(&(ns.to_string(), name.to_string()))
@@ -291,6 +307,11 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
                 }
                 None => respond(404, &status_body(404, "NotFound", &format!("pods \"{name}\" not found"))),
             }
+        }
+        // Lists of every namespace (the daemon's reflectors; a field selector is not applied).
+        ("GET", ["api", "v1", "pods"]) => respond(200, &list("PodList", "v1", s.pods.values())),
+        ("GET", ["apis", "k8s.cni.cncf.io", "v1", "network-attachment-definitions"]) => {
+            respond(200, &list("NetworkAttachmentDefinitionList", "k8s.cni.cncf.io/v1", s.nads.values()))
         }
         ("GET", ["apis", "k8s.cni.cncf.io", "v1", "namespaces", ns, "network-attachment-definitions", name]) => {
             match s.nads.get(&(ns.to_string(), name.to_string())) {

@@ -330,3 +330,47 @@ fn the_socket_is_root_only_and_another_protocol_version_is_not_taken() {
     s.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with('-') && answer.contains("protocol version 99"), "{answer}");
 }
+
+#[test]
+fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches_network_status() {
+    let n = Node::new();
+    let api = plexus_tests::fake_api::FakeApi::start_in(&n.lab.node);
+    let kubeconfig = n.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, true);
+    let rail0 = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+                       "ipam": {"type": "plexus-ipam", "range": "198.18.32.0/24", "dataDir": n.ipam_dir()}});
+    api.add_nad("default", "rail0", &rail0, json!({}));
+    api.add_pod("default", "trainer", "uid-trainer", json!({"k8s.v1.cni.cncf.io/networks": "rail0"}));
+    let d = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a"]);
+    let mut c = n.conf("unused");
+    let conf = c.as_object_mut().unwrap();
+    for k in ["nadDir", "networks"] {
+        conf.remove(k);
+    }
+    conf.insert("kubeconfig".into(), json!(kubeconfig));
+    let run = |verb: &str| {
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &n.lab.pod.path(), "eth0", &bin_dir().display().to_string())
+            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer;K8S_POD_UID=uid-trainer")
+            .stdin(&c)
+            .in_netns(&n.lab.node)
+            .run()
+    };
+    let before = api.requests().len();
+    let r = run("ADD").result();
+    assert_eq!(r["ips"][0]["address"], "198.18.32.1/24");
+    // The ADD's only API request: the network-status PATCH (pod and NAD came from the caches).
+    let during: Vec<String> = api.requests()[before..].to_vec();
+    assert_eq!(during, ["PATCH /api/v1/namespaces/default/pods/trainer"], "{during:?}");
+    let pod = api.pod("default", "trainer").unwrap();
+    let status: Value =
+        serde_json::from_str(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str().unwrap())
+            .unwrap();
+    assert_eq!(status[0]["name"], "default/rail0");
+    assert_eq!(status[0]["ips"][0], "198.18.32.1");
+    assert_eq!(count(&d, "cached_objects{kind=\"network-attachment-definition\"}"), 1.0);
+    assert_eq!(count(&d, "api_requests_total{request=\"patch_pod\"}"), 1.0);
+    assert!(!n.shim_log().contains("thin mode"), "{}", n.shim_log());
+    assert!(run("DEL").success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# plexus-daemon against Multus thick's multus-daemon (issue #16), on one real node
+# (scripts/cluster.sh) holding the objects of a large cluster: NADS NetworkAttachmentDefinitions
+# (default 5,000, in 10 namespaces) and PODS pods (default 10,000; LOCAL of them, default 200,
+# bound to the daemons' node, the rest to 49 other node names), created through the real API
+# server. Each daemon runs alone as a process on the node with its own ServiceAccount's token,
+# watching the same objects with its own node filter; its RSS is read from /proc SETTLE seconds
+# after it started (default 30; plexus-daemon's /readyz also says its caches are synced), and
+# its cache sizes from its metrics. The controller-manager is stopped meanwhile, so that nothing
+# removes or evicts the pods of nodes without a kubelet. Writes OUT/daemon-rss.json; figures,
+# never a pass/fail.
+#
+#   bash scripts/bench/daemon-rss.sh OUT
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: scripts/bench/daemon-rss.sh OUT_DIR}
+mkdir -p "$out"
+NADS=${NADS:-5000} PODS=${PODS:-10000} LOCAL=${LOCAL:-200} SETTLE=${SETTLE:-30}
+
+env_file=$(mktemp)
+work=$(mktemp -d)
+pid=
+trap '[ -z "$pid" ] || kill "$pid" 2> /dev/null || true; bash scripts/cluster.sh down > /dev/null 2>&1 || true; rm -rf "$env_file" "$work"' EXIT
+bash scripts/cluster.sh up > "$env_file"
+set -a
+# shellcheck disable=SC1090
+. "$env_file"
+set +a
+state=$(dirname "$KUBECONFIG")
+k() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+log() { echo "bench/daemon-rss.sh: $*" >&2; }
+BIN=$(bash scripts/build-release.sh -p plexus-daemon)
+bash scripts/cluster.sh stop kube-controller-manager
+
+k apply -f conf-examples/deploy/crd.yaml -f conf-examples/deploy/rbac.yaml > /dev/null
+gomod=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod
+multus_dir=$(cd tests/peers/multus && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
+python3 - "$multus_dir/deployments/multus-daemonset-thick.yml" << 'PY' | k apply -f - > /dev/null
+import re, sys
+for doc in re.split(r"^---\s*$", open(sys.argv[1]).read(), flags=re.M):
+    if re.search(r"^kind: (ServiceAccount|ClusterRole|ClusterRoleBinding)\s*$", doc, re.M):
+        print("---"); print(doc.strip())
+PY
+
+log "creating $NADS NADs and $PODS pods ($LOCAL on bench-node)"
+python3 - "$work/objects" "$NADS" "$PODS" "$LOCAL" << 'PY'
+import json, os, sys
+d, nads, pods, local = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.makedirs(d)
+docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"tenant-{i}"}} for i in range(10)]
+# Their default ServiceAccounts (the stopped controller-manager would have made them).
+docs += [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": f"tenant-{i}"}}
+         for i in range(10)]
+for i in range(nads):
+    conf = {"cniVersion": "1.0.0", "name": f"rail{i}", "type": "macvlan", "master": f"ens{i % 8 + 1}f0np0",
+            "mode": "bridge", "ipam": {"type": "whereabouts", "range": f"10.{i // 256 % 256}.{i % 256}.0/24"}}
+    docs.append({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                 "metadata": {"name": f"rail{i}", "namespace": f"tenant-{i % 10}",
+                              "annotations": {"k8s.v1.cni.cncf.io/resourceName": "nvidia.com/rdma_shared_device_a"}},
+                 "spec": {"config": json.dumps(conf)}})
+for i in range(pods):
+    node = "bench-node" if i < local else f"node-{i % 49}"
+    ns = f"tenant-{i % 10}"
+    nets = ",".join(f"rail{(i + r) % nads}" for r in range(0, 80, 10))
+    docs.append({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": f"trainer-{i}", "namespace": ns,
+                              "labels": {"app": "trainer", "job": f"job-{i // 8}", "rank": str(i % 8)},
+                              "annotations": {"k8s.v1.cni.cncf.io/networks": nets}},
+                 "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                          "containers": [{"name": "trainer", "image": "registry.example/trainer:1.0",
+                                          "command": ["python", "train.py", "--rank", str(i % 8)],
+                                          "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
+                                          "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
+for n in range(0, len(docs), 1000):
+    with open(os.path.join(d, f"{n // 1000:03}.json"), "w") as f:
+        json.dump({"apiVersion": "v1", "kind": "List", "items": docs[n:n + 1000]}, f)
+PY
+k create -f "$work/objects/000.json" > /dev/null
+ls "$work/objects" | tail -n +2 | xargs -P 4 -I{} sh -c "ip netns exec '$NODE_NETNS' '$PEERS_BIN/kubectl' --kubeconfig '$KUBECONFIG' create -f '$work/objects/{}' > /dev/null"
+log "created: $(k get network-attachment-definitions -A --no-headers | wc -l) NADs, $(k get pods -A --no-headers | wc -l) pods"
+
+token_for() { k -n kube-system create token "$1" --duration 1h; }
+rss_of() { awk '/^VmRSS/ {r=$2} /^VmHWM/ {h=$2} END {printf "{\"rss_kib\": %d, \"hwm_kib\": %d}", r, h}' "/proc/$1/status"; }
+
+log "plexus-daemon"
+token_for plexus > "$work/plexus.token"
+cat > "$work/plexus.kubeconfig" << KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://198.18.250.1:6443", certificate-authority: "$state/pki/ca.crt"}}]
+users: [{name: plexus, user: {tokenFile: "$work/plexus.token"}}]
+contexts: [{name: plexus, context: {cluster: local, user: plexus}}]
+current-context: plexus
+KC
+ip netns exec "$NODE_NETNS" "$BIN/plexus-daemon" --kubeconfig "$work/plexus.kubeconfig" --node-name bench-node \
+  --socket "$work/plexus-run/daemon.sock" --metrics-address 127.0.0.1:9135 --log-level warn 2> "$work/plexus-daemon.log" &
+pid=$!
+start=$(date +%s.%N)
+until ip netns exec "$NODE_NETNS" curl -sf http://127.0.0.1:9135/readyz > /dev/null 2>&1; do sleep 0.1; done
+synced=$(echo "$(date +%s.%N) - $start" | bc)
+sleep "$SETTLE"
+plexus_rss=$(rss_of "$pid")
+metrics=$(ip netns exec "$NODE_NETNS" curl -sf http://127.0.0.1:9135/metrics)
+cached_nads=$(echo "$metrics" | awk '/^plexus_daemon_cached_objects\{kind="network-attachment-definition"\}/ {print $2}')
+cached_pods=$(echo "$metrics" | awk '/^plexus_daemon_cached_objects\{kind="pod"\}/ {print $2}')
+kill "$pid"; wait "$pid" 2> /dev/null || true; pid=
+
+log "multus-daemon (Multus thick)"
+mkdir -p "$work/sa" "$work/multus-run" "$work/multus-net.d"
+token_for multus > "$work/sa/token"
+cp "$state/pki/ca.crt" "$work/sa/ca.crt"
+echo '{"cniVersion": "0.3.1", "name": "bootstrap", "type": "bridge"}' > "$work/00-default.conf"
+cat > "$work/multus-daemon.json" << JSON
+{"chrootDir": "/", "cniVersion": "0.3.1", "logLevel": "error", "logToStderr": true,
+ "cniConfigDir": "$work/multus-net.d", "multusConfigFile": "$work/00-default.conf",
+ "socketDir": "$work/multus-run"}
+JSON
+# In-cluster configuration, as in its DaemonSet: the token and CA where client-go looks for them
+# (a tmpfs over /run in a mount namespace of its own), the API server's service address.
+ip netns exec "$NODE_NETNS" unshare -m --propagation private sh -c "
+  mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
+  cp '$work/sa/token' '$work/sa/ca.crt' /run/secrets/kubernetes.io/serviceaccount/ &&
+  exec env KUBERNETES_SERVICE_HOST=198.18.250.1 KUBERNETES_SERVICE_PORT=6443 MULTUS_NODE_NAME=bench-node \
+    '$PEERS_BIN/multus-daemon' -config '$work/multus-daemon.json'" 2> "$work/multus-daemon.log" &
+pid=$!
+sleep 2
+mpid=$(pgrep -P "$pid" -f multus-daemon || echo "$pid")
+sleep "$SETTLE"
+[ -S "$work/multus-run/multus.sock" ] || { log "multus-daemon did not serve:"; tail -20 "$work/multus-daemon.log" >&2; exit 1; }
+multus_rss=$(rss_of "$mpid")
+kill "$pid" "$mpid" 2> /dev/null || true; wait "$pid" 2> /dev/null || true; pid=
+
+cat > "$out/daemon-rss.json" << JSON
+{"nads": $NADS, "pods": $PODS, "local": $LOCAL, "settle_s": $SETTLE, "plexus_synced_s": $synced,
+ "plexus_cached": {"nads": ${cached_nads:-0}, "pods": ${cached_pods:-0}},
+ "plexus": $plexus_rss, "multus": $multus_rss}
+JSON
+cat "$out/daemon-rss.json"
