@@ -9,6 +9,7 @@
 //! (.config/nextest.toml).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -150,14 +151,23 @@ impl Cluster {
 
     /// The IPv4 addresses of a pod's interfaces, as the pod sees them (`net1 198.18.240.1/24`).
     fn pod_addrs(&self, ns: &str, name: &str) -> BTreeSet<String> {
+        self.try_pod_addrs(ns, name).unwrap_or_else(|out| panic!("{out}"))
+    }
+
+    /// [`Cluster::pod_addrs`], or why `kubectl exec` failed (a recreated sandbox whose container
+    /// is not started yet).
+    fn try_pod_addrs(&self, ns: &str, name: &str) -> Result<BTreeSet<String>, String> {
         let (ok, out) = self.kubectl(&["-n", ns, "exec", name, "--", "ip", "-o", "-4", "addr"], None);
-        assert!(ok, "{out}");
-        out.lines()
+        if !ok {
+            return Err(out);
+        }
+        Ok(out
+            .lines()
             .filter_map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
                 (f.len() > 3 && f[1].starts_with("net")).then(|| format!("{} {}", f[1], f[3]))
             })
-            .collect()
+            .collect())
     }
 
     /// The events of one object, their messages joined.
@@ -1006,6 +1016,18 @@ impl Cluster {
         body
     }
 
+    /// The PID of this cluster's plexus-daemon (the one serving its socket), if it runs.
+    fn daemon_pid(&self) -> Option<u32> {
+        let socket = self.state().join("run/plexus-daemon.sock").display().to_string();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let ours = args.first()?.ends_with(b"/plexus-daemon") && args.contains(&socket.as_bytes());
+            ours.then_some(pid)
+        })
+    }
+
     /// The shims' and the daemon's requests' log (the meta config's logFile).
     fn plexus_log(&self) -> String {
         std::fs::read_to_string(self.state().join("log/plexus.log")).unwrap_or_default()
@@ -1075,8 +1097,18 @@ fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_dow
     c.apply(&c.pod("default", "steady", "rail0"));
     c.wait_ready("default", "pod/steady", "120s");
     assert_eq!(c.pod_addrs("default", "steady"), BTreeSet::from(["net1 198.19.250.1/24".to_string()]));
-    // A NAD updated: the next pod, created right after, gets the new config.
+    // A NAD updated: the daemon's cache has it within a second of the API server taking it, and
+    // the next pod, created right after, gets the new config.
+    let seen =
+        || sample(&c.daemon_metrics(), "watch_events_total{kind=\"network-attachment-definition\",event=\"apply\"}");
+    let updates = seen();
     c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.251.0/24"));
+    let applied = Instant::now();
+    while seen() <= updates {
+        assert!(applied.elapsed() < Duration::from_secs(1), "the daemon saw no NAD update within 1 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("the daemon saw the NAD update {:?} after kubectl apply returned", applied.elapsed());
     c.apply(&c.pod("default", "next", "rail0"));
     c.wait_ready("default", "pod/next", "120s");
     assert_eq!(c.pod_addrs("default", "next"), BTreeSet::from(["net1 198.19.251.1/24".to_string()]));
@@ -1102,7 +1134,11 @@ fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_dow
     });
     // The new sandbox's address, from the updated NAD's range (which one depends on whether the
     // old sandbox's DEL had released its address yet).
-    let again = c.pod_addrs("default", "next");
+    // network-status is written at the sandbox's ADD, before the kubelet starts its container.
+    let mut again = BTreeSet::new();
+    wait_until("the recreated sandbox's container running", Duration::from_secs(90), || {
+        c.try_pod_addrs("default", "next").map(|a| again = a).is_ok()
+    });
     assert!(again.len() == 1 && again.iter().all(|a| a.starts_with("net1 198.19.251.")), "{again:?}");
     c.delete("default", &["pod", "steady", "next"]);
     wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
@@ -1130,4 +1166,59 @@ fn with_the_daemon_gone_the_shim_runs_requests_itself_and_pods_start_and_go() {
     wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
     c.wait_no_state_or_cache();
     assert_eq!(c.node_state(), before);
+}
+
+#[test]
+fn a_daemon_killed_mid_add_fails_the_sandbox_and_the_kubelets_retry_succeeds_leaving_nothing_behind() {
+    let c = Cluster::up_daemon_mode("");
+    // "gated": plexus-macvlan behind a gate, so the daemon can be killed while it runs an ADD.
+    let gate = c.state().join("gate");
+    std::fs::create_dir_all(&gate).unwrap();
+    let bin = Path::new(c.var("CNI_BIN_DIR"));
+    let script = format!(
+        "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then\n  touch {g}/entered\n  while [ ! -e {g}/open ]; do sleep 0.02; done\nfi\nexec {m}\n",
+        g = gate.display(),
+        m = bin.join("plexus-macvlan").display()
+    );
+    std::fs::write(bin.join("gated"), script).unwrap();
+    std::fs::set_permissions(bin.join("gated"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ipam = c.ipam("198.19.254.0/24");
+    c.apply(
+        &(c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.253.0/24")
+            + &c.nad(
+                "default",
+                "gated",
+                &format!(r#"{{"cniVersion": "1.0.0", "type": "gated", "master": "ens2f0np0", {ipam}}}"#),
+            )),
+    );
+    let before = c.node_state();
+    c.apply(&c.pod("default", "victim", "rail0,gated"));
+    wait_until("the gated delegate under way in the daemon", Duration::from_secs(120), || {
+        gate.join("entered").exists()
+    });
+    // The cluster network's and rail0's results recorded: only the gated one is under way.
+    wait_until("rail0's result in the cache", Duration::from_secs(30), || {
+        c.data_names("meta").iter().any(|f| {
+            let text = std::fs::read_to_string(c.data().join("meta").join(f)).unwrap_or_default();
+            text.matches("{\"attachment\":").count() == 2
+        })
+    });
+    let pid = c.daemon_pid().expect("plexus-daemon runs");
+    let out = Command::new("kill").args(["-KILL", &pid.to_string()]).output().unwrap();
+    assert!(out.status.success(), "kill {pid}: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(gate.join("open"), "").unwrap();
+    // The kubelet is told (code 11, the shim's message), tears the sandbox down and tries again.
+    c.wait_event("default", "victim", "took the request and went away");
+    c.wait_ready("default", "pod/victim", "180s");
+    // rail0's address is the next after the one the killed ADD held (allocation is next-fit).
+    let addrs: Vec<String> = c.pod_addrs("default", "victim").into_iter().collect();
+    let ok = addrs.len() == 2 && addrs[0].starts_with("net1 198.19.253.") && addrs[1].starts_with("net2 198.19.254.");
+    assert!(ok, "{addrs:?}");
+    assert_eq!(c.network_status("default", "victim").len(), 3);
+    // Nothing of the killed ADD is left: one sandbox's two addresses and one cache.
+    assert_eq!((c.reservations(), c.data_files("meta")), (2, 1), "{:?}", c.data_names("meta"));
+    c.delete("default", &["pod", "victim"]);
+    wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
+    c.wait_no_state_or_cache();
+    assert_eq!(c.node_state(), before, "the node's links and addresses are as before");
 }

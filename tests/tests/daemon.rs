@@ -309,6 +309,63 @@ fn past_the_queue_limit_a_request_is_not_taken_and_the_shim_runs_it_itself() {
 }
 
 #[test]
+fn a_daemon_that_takes_nothing_within_a_second_is_passed_by_and_never_runs_the_request_later() {
+    use nix::sys::signal::{Signal, kill};
+    let n = Node::new();
+    let d = n.daemon(&[]);
+    let c = n.conf("rail0");
+    let pid = nix::unistd::Pid::from_raw(d.pid());
+    // Stopped: the kernel still queues the shim's connection and request, nobody answers.
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let start = Instant::now();
+    let r = n.run("ADD", "pod1", &c);
+    let took = start.elapsed();
+    kill(pid, Signal::SIGCONT).unwrap();
+    assert!(r.success(), "{}", r.stdout);
+    assert!(n.shim_log().contains("did not take the request within 1s"), "{}", n.shim_log());
+    assert!(took >= Duration::from_secs(1), "the shim waited out its deadline: {took:?}");
+    // Continued, the daemon reads the queued request, finds the shim gone and runs nothing.
+    let start = Instant::now();
+    while !d.log_text().contains("the shim did not confirm the request: not run") {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(count(&d, "request_duration_seconds_count{command=\"ADD\"}"), 0.0);
+    assert_eq!(n.held(), 1, "one address: the shim's own ADD");
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}
+
+#[test]
+fn a_socket_whose_backlog_is_full_is_passed_by_at_once() {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, connect, listen, socket};
+    use std::os::fd::AsRawFd;
+    let n = Node::new();
+    // A listener that accepts nothing, its backlog filled by this test's own connections.
+    std::fs::create_dir_all(n.socket().parent().unwrap()).unwrap();
+    let addr = UnixAddr::new(&n.socket()).unwrap();
+    let listener = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    bind(listener.as_raw_fd(), &addr).unwrap();
+    listen(&listener, Backlog::new(0).unwrap()).unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK, None).unwrap();
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => queued.push(fd),
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("connect: {e}"),
+        }
+        assert!(queued.len() < 64, "the backlog never filled");
+    }
+    let c = n.conf("rail0");
+    let r = n.run("ADD", "pod1", &c);
+    assert!(r.success(), "{}", r.stdout);
+    assert!(n.shim_log().contains("is not accepting connections (its backlog is full)"), "{}", n.shim_log());
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}
+
+#[test]
 fn the_socket_is_root_only_and_another_protocol_version_is_not_taken() {
     let n = Node::new();
     let _d = n.daemon(&[]);

@@ -52,6 +52,20 @@ pub struct Caches {
     next_status: AtomicU64,
 }
 
+/// The caches' kinds, as the metrics label them.
+const NAD_KIND: &str = "network-attachment-definition";
+const POD_KIND: &str = "pod";
+
+/// What a watch event did to its cache, for the metrics: `None` for the list's start and end.
+fn event_name<K>(event: &watcher::Event<K>) -> Option<&'static str> {
+    match event {
+        watcher::Event::Apply(_) => Some("apply"),
+        watcher::Event::Delete(_) => Some("delete"),
+        watcher::Event::InitApply(_) => Some("list"),
+        watcher::Event::Init | watcher::Event::InitDone => None,
+    }
+}
+
 /// How often a network-status PATCH the API refused is tried again.
 const STATUS_RETRY: Duration = Duration::from_secs(2);
 
@@ -76,15 +90,17 @@ impl Caches {
             trim(&mut o.metadata, &[NETWORKS_ANNOTATION, DEFAULT_NETWORK_ANNOTATION])
         })
         .reflect(pod_writer);
-        for (kind, stream) in
-            [("nads", nad_stream.map(|e| e.map(|_| ())).boxed()), ("pods", pod_stream.map(|e| e.map(|_| ())).boxed())]
-        {
+        for (kind, stream) in [
+            (NAD_KIND, nad_stream.map(|e| e.map(|e| event_name(&e))).boxed()),
+            (POD_KIND, pod_stream.map(|e| e.map(|e| event_name(&e))).boxed()),
+        ] {
             let metrics = metrics.clone();
             tokio::spawn(async move {
                 let mut stream = stream;
                 while let Some(event) = stream.next().await {
                     match event {
-                        Ok(()) => {}
+                        Ok(Some(event)) => metrics.watch_event(kind, event),
+                        Ok(None) => {}
                         Err(e) => {
                             metrics.api_request("watch_error");
                             tracing::warn!("watch of {kind}: {e} (serving from the cache meanwhile)");
@@ -151,7 +167,7 @@ impl Caches {
     }
 
     pub fn sizes(&self) -> [(&'static str, usize); 2] {
-        [("network-attachment-definition", self.nads.len()), ("pod", self.pods.len())]
+        [(NAD_KIND, self.nads.len()), (POD_KIND, self.pods.len())]
     }
 }
 

@@ -31,6 +31,7 @@ pub struct Metrics {
     refused: Counter,
     in_flight: Gauge<i64, std::sync::atomic::AtomicI64>,
     cached: Family<Labels, Gauge<u64, AtomicU64>>,
+    watch_events: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -45,6 +46,7 @@ impl Metrics {
         let refused = Counter::default();
         let in_flight = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
         let cached = Family::<Labels, Gauge<u64, AtomicU64>>::default();
+        let watch_events = Family::<Labels, Counter>::default();
         registry.register("request_duration_seconds", "CNI requests served, by verb", requests.clone());
         registry.register("request_errors", "CNI requests that failed, by verb and CNI error code", errors.clone());
         registry.register(
@@ -56,7 +58,12 @@ impl Metrics {
         registry.register("requests_refused", "Requests not taken because the queue was full", refused.clone());
         registry.register("requests_in_flight", "Requests taken and not yet answered", in_flight.clone());
         registry.register("cached_objects", "Objects in the watch caches, by kind", cached.clone());
-        Metrics { registry, requests, errors, delegates, api, refused, in_flight, cached }
+        registry.register(
+            "watch_events",
+            "Watch events applied to the caches, by kind and event (apply, delete, list)",
+            watch_events.clone(),
+        );
+        Metrics { registry, requests, errors, delegates, api, refused, in_flight, cached, watch_events }
     }
 
     pub fn request(&self, command: &str, took: Duration, code: Option<u32>) {
@@ -68,6 +75,10 @@ impl Metrics {
 
     pub fn api_request(&self, what: &'static str) {
         self.api.get_or_create(&vec![("request", what.to_string())]).inc();
+    }
+
+    pub fn watch_event(&self, kind: &'static str, event: &'static str) {
+        self.watch_events.get_or_create(&vec![("kind", kind.to_string()), ("event", event.to_string())]).inc();
     }
 
     pub fn refused(&self) {

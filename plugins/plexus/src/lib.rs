@@ -374,6 +374,13 @@ impl Meta {
             }
         }
     }
+
+    /// For a verb that prints nothing (DEL, CHECK, STATUS, GC): the meta config when the request
+    /// is to run here, `None` when plexus-daemon ran it and it succeeded.
+    fn conf_to_run_here(&self, req: &Request) -> Result<Option<MetaConf>, Error> {
+        let conf = MetaConf::load(req)?;
+        Ok(self.via_daemon(req, &conf)?.is_none().then_some(conf))
+    }
 }
 
 impl Plugin for Meta {
@@ -484,10 +491,7 @@ impl Plugin for Meta {
     }
 
     fn del(&self, req: &Request) -> Result<(), Error> {
-        let conf = MetaConf::load(req)?;
-        if self.via_daemon(req, &conf)?.is_some() {
-            return Ok(());
-        }
+        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
@@ -523,10 +527,7 @@ impl Plugin for Meta {
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {
-        let conf = MetaConf::load(req)?;
-        if self.via_daemon(req, &conf)?.is_some() {
-            return Ok(());
-        }
+        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
@@ -546,10 +547,7 @@ impl Plugin for Meta {
     }
 
     fn status(&self, req: &Request) -> Result<(), Error> {
-        let conf = MetaConf::load(req)?;
-        if self.via_daemon(req, &conf)?.is_some() {
-            return Ok(());
-        }
+        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
         for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
@@ -559,10 +557,7 @@ impl Plugin for Meta {
     }
 
     fn gc(&self, req: &Request) -> Result<(), Error> {
-        let conf = MetaConf::load(req)?;
-        if self.via_daemon(req, &conf)?.is_some() {
-            return Ok(());
-        }
+        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
         let valid = req.valid_attachments()?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);

@@ -31,8 +31,11 @@ pub fn forward(socket: &Path, stdin: &[u8]) -> Forwarded {
         stdin: String::from_utf8_lossy(stdin).into_owned(),
     };
     let at = socket.display();
-    let mut stream = match UnixStream::connect(socket) {
+    let mut stream = match connect(socket) {
         Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            return Forwarded::RunHere(format!("{at} is not accepting connections (its backlog is full)"));
+        }
         Err(e) => return Forwarded::RunHere(format!("cannot connect to {at}: {e}")),
     };
     let sent = (|| {
@@ -71,4 +74,17 @@ pub fn forward(socket: &Path, stdin: &[u8]) -> Forwarded {
         }
         Ok(other) => Forwarded::RunHere(format!("{at} answered {other:#04x}, not the plexus-daemon protocol")),
     }
+}
+
+/// Connect without waiting: a daemon that has stopped accepting (its listen backlog full) makes a
+/// blocking connect wait for as long as it hangs; this one fails at once with `WouldBlock`.
+fn connect(socket: &Path) -> std::io::Result<UnixStream> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let fd = nix::sys::socket::socket(AddressFamily::Unix, SockType::Stream, flags, None)?;
+    nix::sys::socket::connect(fd.as_raw_fd(), &UnixAddr::new(socket)?)?;
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
