@@ -97,23 +97,27 @@ ip netns exec "$NODE_NETNS" "$BIN/plexus-daemon" --kubeconfig "$work/plexus.kube
 pid=$!
 start=$(date +%s.%N)
 until ip netns exec "$NODE_NETNS" curl -sf http://127.0.0.1:9135/readyz > /dev/null 2>&1; do sleep 0.1; done
-synced=$(echo "$(date +%s.%N) - $start" | bc)
+synced=$(printf "%.3f" "$(echo "$(date +%s.%N) - $start" | bc)")
 sleep "$SETTLE"
 plexus_rss=$(rss_of "$pid")
 metrics=$(ip netns exec "$NODE_NETNS" curl -sf http://127.0.0.1:9135/metrics)
 cached_nads=$(echo "$metrics" | awk '/^plexus_daemon_cached_objects\{kind="network-attachment-definition"\}/ {print $2}')
 cached_pods=$(echo "$metrics" | awk '/^plexus_daemon_cached_objects\{kind="pod"\}/ {print $2}')
 kill "$pid"; wait "$pid" 2> /dev/null || true; pid=
+log "plexus-daemon: $plexus_rss, synced after ${synced}s, cached ${cached_nads:-0} NADs and ${cached_pods:-0} pods"
 
 log "multus-daemon (Multus thick)"
 mkdir -p "$work/sa" "$work/multus-run" "$work/multus-net.d"
 token_for multus > "$work/sa/token"
 cp "$state/pki/ca.crt" "$work/sa/ca.crt"
-echo '{"cniVersion": "0.3.1", "name": "bootstrap", "type": "bridge"}' > "$work/00-default.conf"
+# As its thick DaemonSet runs it: "multusConfigFile": "auto" (its config manager writes the
+# multus conf from the primary network's and keeps the daemon running; with a file named there
+# multus-daemon v4.2 returns from main at once).
+echo '{"cniVersion": "0.3.1", "name": "bootstrap", "type": "bridge"}' > "$work/multus-net.d/00-default.conf"
 cat > "$work/multus-daemon.json" << JSON
 {"chrootDir": "/", "cniVersion": "0.3.1", "logLevel": "error", "logToStderr": true,
- "cniConfigDir": "$work/multus-net.d", "multusConfigFile": "$work/00-default.conf",
- "socketDir": "$work/multus-run"}
+ "cniConfigDir": "$work/multus-net.d", "multusAutoconfigDir": "$work/multus-net.d",
+ "multusConfigFile": "auto", "socketDir": "$work/multus-run"}
 JSON
 # In-cluster configuration, as in its DaemonSet: the token and CA where client-go looks for them
 # (a tmpfs over /run in a mount namespace of its own), the API server's service address.
@@ -126,7 +130,9 @@ pid=$!
 sleep 2
 mpid=$(pgrep -P "$pid" -f multus-daemon || echo "$pid")
 sleep "$SETTLE"
-[ -S "$work/multus-run/multus.sock" ] || { log "multus-daemon did not serve:"; tail -20 "$work/multus-daemon.log" >&2; exit 1; }
+if ! kill -0 "$mpid" 2> /dev/null || [ ! -S "$work/multus-run/multus.sock" ]; then
+  log "multus-daemon did not serve (pid $mpid); its log:"; tail -30 "$work/multus-daemon.log" >&2; exit 1
+fi
 multus_rss=$(rss_of "$mpid")
 kill "$pid" "$mpid" 2> /dev/null || true; wait "$pid" 2> /dev/null || true; pid=
 

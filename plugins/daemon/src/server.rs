@@ -197,17 +197,19 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     let command = request.env.get("CNI_COMMAND").cloned().unwrap_or_default();
     let Ok(permit) = daemon.running.clone().acquire_owned().await else { return };
     let started = Instant::now();
-    let (tx, rx) = tokio::sync::oneshot::channel();
     let d = daemon.clone();
-    let spawned = std::thread::Builder::new().name("cni-request".into()).spawn(move || {
+    // On the runtime's blocking pool: a thread of its own per request, reused by the next one
+    // (no thread start per request). Delegates die with the thread that started them, and a
+    // pooled thread only ends once idle, every delegate it started waited for.
+    let answered = tokio::task::spawn_blocking(move || {
         let answer = run(&d.meta, &request);
         drop(permit);
-        let _ = tx.send(answer);
+        answer
     });
-    if let Err(e) = spawned {
-        return tracing::error!("cannot start a request thread: {e}");
-    }
-    let Ok(response) = rx.await else { return };
+    let response = match answered.await {
+        Ok(response) => response,
+        Err(e) => return tracing::error!("a request thread failed: {e}"),
+    };
     let code = (response.exit != 0).then(|| error_code(&response.stdout));
     daemon.metrics.request(&command, started.elapsed(), code);
     let body = serde_json::to_vec(&response).expect("json");
