@@ -148,3 +148,17 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).map(|v| v.trim().parse().unwrap()))
         .unwrap_or(0.0)
 }
+
+/// Writes `path`, a delegate that runs `plugin` behind a gate: its ADD first creates
+/// `gate/entered-<CNI_CONTAINERID>`, then waits until `gate/open` exists (other verbs pass
+/// straight through). Lets a test act while a delegate is mid-ADD.
+pub fn write_gated_delegate(path: &Path, gate: &Path, plugin: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let script = format!(
+        "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then\n  touch {g}/entered-$CNI_CONTAINERID\n  while [ ! -e {g}/open ]; do sleep 0.02; done\nfi\nexec {m}\n",
+        g = gate.display(),
+        m = plugin.display()
+    );
+    std::fs::write(path, script).expect("write the gated delegate");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("make it executable");
+}

@@ -9,7 +9,6 @@
 //! (.config/nextest.toml).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -1175,13 +1174,7 @@ fn a_daemon_killed_mid_add_fails_the_sandbox_and_the_kubelets_retry_succeeds_lea
     let gate = c.state().join("gate");
     std::fs::create_dir_all(&gate).unwrap();
     let bin = Path::new(c.var("CNI_BIN_DIR"));
-    let script = format!(
-        "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then\n  touch {g}/entered\n  while [ ! -e {g}/open ]; do sleep 0.02; done\nfi\nexec {m}\n",
-        g = gate.display(),
-        m = bin.join("plexus-macvlan").display()
-    );
-    std::fs::write(bin.join("gated"), script).unwrap();
-    std::fs::set_permissions(bin.join("gated"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    plexus_tests::daemon::write_gated_delegate(&bin.join("gated"), &gate, &bin.join("plexus-macvlan"));
     let ipam = c.ipam("198.19.254.0/24");
     c.apply(
         &(c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.253.0/24")
@@ -1194,7 +1187,8 @@ fn a_daemon_killed_mid_add_fails_the_sandbox_and_the_kubelets_retry_succeeds_lea
     let before = c.node_state();
     c.apply(&c.pod("default", "victim", "rail0,gated"));
     wait_until("the gated delegate under way in the daemon", Duration::from_secs(120), || {
-        gate.join("entered").exists()
+        std::fs::read_dir(&gate)
+            .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("entered-")))
     });
     // The cluster network's and rail0's results recorded: only the gated one is under way.
     wait_until("rail0's result in the cache", Duration::from_secs(30), || {

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use plexus_tests::daemon::write_gated_delegate;
 use plexus_tests::{DaemonProcess, Lab, Netns, Outcome, PluginRun, plugin_bin};
 use serde_json::{Value, json};
 
@@ -43,13 +44,7 @@ impl Node {
             json!({"cniVersion": "1.0.0", "type": "gated", "master": "nic1", "ipam": ipam("198.18.31.0/24")}),
         );
         let gate = n.dir.path().join("gate");
-        let script = format!(
-            "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then\n  touch {g}/entered-$CNI_CONTAINERID\n  while [ ! -e {g}/open ]; do sleep 0.02; done\nfi\nexec {m}\n",
-            g = gate.display(),
-            m = bin_dir().join("plexus-macvlan").display()
-        );
-        std::fs::write(gate.join("gated"), script).unwrap();
-        std::fs::set_permissions(gate.join("gated"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        write_gated_delegate(&gate.join("gated"), &gate, &bin_dir().join("plexus-macvlan"));
         n
     }
 
