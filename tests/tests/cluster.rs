@@ -713,6 +713,27 @@ fn ipam_run_faulted(
     conf: &Value,
     fault: &str,
 ) -> (bool, Value) {
+    ipam_run_interrupted(c, bin, verb, cid, pod, conf, Interrupt::Fault(fault))
+}
+
+/// How a test run of an IPAM plugin is cut short.
+enum Interrupt<'a> {
+    /// `PLEXUS_FAULT` (empty: not at all).
+    Fault(&'a str),
+    /// SIGKILL after this long if it still runs, as a runtime kills a plugin past its timeout,
+    /// wherever it is (`ip netns exec` execs the plugin: the child is the plugin).
+    KillAfter(Duration),
+}
+
+fn ipam_run_interrupted(
+    c: &Cluster,
+    bin: &Path,
+    verb: &str,
+    cid: &str,
+    pod: &str,
+    conf: &Value,
+    how: Interrupt,
+) -> (bool, Value) {
     use std::io::Write;
     let mut child = Command::new("ip")
         .args(["netns", "exec", c.var("NODE_NETNS")])
@@ -724,13 +745,17 @@ fn ipam_run_faulted(
         .env("CNI_PATH", bin.parent().unwrap())
         .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"))
         .env("PLEXUS_POLICY", c.var("PLEXUS_POLICY"))
-        .env("PLEXUS_FAULT", fault)
+        .env("PLEXUS_FAULT", if let Interrupt::Fault(f) = how { f } else { "" })
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     child.stdin.take().unwrap().write_all(conf.to_string().as_bytes()).unwrap();
+    if let Interrupt::KillAfter(after) = how {
+        std::thread::sleep(after);
+        let _ = child.kill(); // our own child, by its PID; gone already is fine
+    }
     let out = child.wait_with_output().unwrap();
     let v = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| serde_json::json!({"stdout": String::from_utf8_lossy(&out.stdout), "stderr": String::from_utf8_lossy(&out.stderr)}));
@@ -911,14 +936,16 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
     let bound = Duration::from_secs(45);
     let live = Mutex::new(BTreeSet::<String>::new());
     let (adds, unavailable, killed) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
-    // One run as the kubelet's runtime makes it: an injected kill (`fault`) dies by SIGKILL with
-    // no output; anything else that fails must be code 11, inside the deadline.
-    let call = |verb: &str, cid: &str, pod: &str, fault: &str| {
+    // One run as the kubelet's runtime makes it: a kill (injected at an API call, or the
+    // runtime's SIGKILL after a while) leaves no output; anything else that fails must be code
+    // 11, inside the deadline.
+    let call_as = |verb: &str, cid: &str, pod: &str, how: Interrupt| {
         let t = Instant::now();
-        let (ok, r) = ipam_run_faulted(&c, &px, verb, cid, pod, &conf, fault);
+        let interrupted = !matches!(how, Interrupt::Fault(""));
+        let (ok, r) = ipam_run_interrupted(&c, &px, verb, cid, pod, &conf, how);
         assert!(t.elapsed() < bound, "{verb} {cid} took {:?}", t.elapsed());
         if !ok {
-            if !fault.is_empty() && r.get("code").is_none() {
+            if interrupted && r.get("code").is_none() {
                 killed.fetch_add(1, SeqCst);
             } else {
                 assert_eq!(r["code"], 11, "{verb} {cid}: only an unavailable API may fail it: {r}");
@@ -927,6 +954,7 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
         }
         (ok, r)
     };
+    let call = |verb: &str, cid: &str, pod: &str, fault: &str| call_as(verb, cid, pod, Interrupt::Fault(fault));
     std::thread::scope(|s| {
         s.spawn(|| {
             while adds.load(SeqCst) < 400 {
@@ -937,7 +965,7 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
             c.daemon("start", "kube-apiserver");
         });
         for client in 0..CLIENTS {
-            let (call, live, adds) = (&call, &live, &adds);
+            let (call, call_as, live, adds) = (&call, &call_as, &live, &adds);
             s.spawn(move || {
                 let del = |i: usize, cid: &str, ip: &str| {
                     live.lock().unwrap().remove(ip);
@@ -961,8 +989,16 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
                     } else {
                         String::new()
                     };
+                    // Every 13th other pod's first ADD is killed by the runtime 1-40 ms in,
+                    // wherever it is: waiting for the node's turn with its request in the spool,
+                    // serving the others' requests, or creating its reservation.
+                    let mut kill = (!i.is_multiple_of(7) && i.is_multiple_of(13))
+                        .then(|| Duration::from_millis(1 + (i as u64 * 7) % 40));
                     let ip = loop {
-                        let (ok, r) = call("ADD", &cid, &pod, &fault);
+                        let (ok, r) = match kill.take() {
+                            Some(after) => call_as("ADD", &cid, &pod, Interrupt::KillAfter(after)),
+                            None => call("ADD", &cid, &pod, &fault),
+                        };
                         if ok {
                             break r["ips"][0]["address"].as_str().unwrap().to_string();
                         }

@@ -429,3 +429,77 @@ fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches
     assert!(run("DEL").success());
     assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
 }
+
+#[test]
+fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can_and_the_add_stands() {
+    use plexus_tests::fake_api::Fault;
+    let n = Node::new();
+    let api = plexus_tests::fake_api::FakeApi::start_in(&n.lab.node);
+    let kubeconfig = n.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, true);
+    let rail0 = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+                       "ipam": {"type": "plexus-ipam", "range": "198.18.33.0/24", "dataDir": n.ipam_dir()}});
+    api.add_nad("default", "rail0", &rail0, json!({}));
+    api.add_pod("default", "trainer", "uid-trainer", json!({"k8s.v1.cni.cncf.io/networks": "rail0"}));
+    let d = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"]);
+    let mut c = n.conf("unused");
+    let conf = c.as_object_mut().unwrap();
+    for k in ["nadDir", "networks"] {
+        conf.remove(k);
+    }
+    conf.insert("kubeconfig".into(), json!(kubeconfig));
+    let run = |verb: &str| {
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &n.lab.pod.path(), "eth0", &bin_dir().display().to_string())
+            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer;K8S_POD_UID=uid-trainer")
+            .stdin(&c)
+            .in_netns(&n.lab.node)
+            .run()
+    };
+    let status_of = || -> Option<Value> {
+        let pod = api.pod("default", "trainer")?;
+        serde_json::from_str(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str()?).ok()
+    };
+    let patches =
+        || api.requests().iter().filter(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/trainer")).count();
+    // The API server answers every network-status PATCH with 503 (overloaded, restarting).
+    api.fault(Fault {
+        method: "PATCH",
+        path_contains: "/pods/trainer".into(),
+        status: Some(503),
+        delay: None,
+        times: usize::MAX,
+    });
+    let r = run("ADD").result();
+    assert_eq!(r["ips"][0]["address"], "198.18.33.1/24", "the attachment stands without its status");
+    assert_eq!(status_of(), None);
+    // The request's log (where its config says) tells why.
+    assert!(n.shim_log().contains("retried in the background"), "{}", n.shim_log());
+    // While the API cannot take it, the daemon keeps trying (every 2 s).
+    let tried = patches();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while patches() == tried {
+        assert!(Instant::now() < deadline, "no retry of the PATCH within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(status_of(), None);
+    // The API takes writes again: the status lands without another CNI call.
+    api.clear_faults();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = status_of() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "network-status not written within 10 s of the API coming back");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status[0]["name"], "default/rail0");
+    assert_eq!(status[0]["ips"][0], "198.18.33.1");
+    assert!(d.log_text().contains("written after the API came back"), "{}", d.log_text());
+    // Written once: no retry goes on after it landed.
+    let landed = patches();
+    std::thread::sleep(Duration::from_millis(4500));
+    assert_eq!(patches(), landed, "the daemon went on patching after the status landed");
+    assert!(run("DEL").success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}

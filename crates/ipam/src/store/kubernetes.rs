@@ -15,6 +15,10 @@
 //! one address, so allocations of different addresses never conflict — also with whereabouts,
 //! whose patches `test` the pool's resourceVersion and retry when plexus wrote in between. A
 //! failed `test` (422) moves on to the next candidate; a deadline bounds it all (code 11).
+//! A node's own writers take turns (a file lock), and an ADD waiting for its turn leaves its request
+//! in the pool's spool: the writer whose turn it is serves every waiting request in its one write
+//! (group commit, [`super::kubernetes_spool`]), so a node's concurrent ADDs on one pool cost one
+//! IPPool write, not one each. Reservations are created by each ADD itself, outside the turn.
 //! `"leaderElection": true` takes whereabouts' `whereabouts` Lease around each change instead, for
 //! operators who want strict equivalence.
 //!
@@ -29,6 +33,7 @@ use http::Method;
 use plexus_k8s::api::{ApiClient, Reply};
 use serde_json::{Value, json};
 
+use super::kubernetes_spool::{Answer, Spool, Ticket};
 use super::{AllocRequest, Allocation, Candidates, Owner, Store};
 use crate::config::{DEFAULT_DOMAIN, KubernetesStoreConfig};
 use crate::error::IpamError;
@@ -140,6 +145,54 @@ impl Pool {
             .find(|(_, v)| same(v, "podref", pod) && same(v, "ifname", &owner.ifname))
             .map(|(o, _)| (*o, true))
     }
+}
+
+/// One write for several owners of one pool: each gets the offset it holds (an entry of the pod's
+/// earlier container is taken over) or the next free one after the cursor, every new entry
+/// guarded by a `test` that its offset is still absent. The JSON Patch (empty: nothing to write)
+/// and each owner's answer, in order.
+fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, Vec<Answer>) {
+    let mut ops = Vec::new();
+    let mut answers = Vec::new();
+    let mut taken: std::collections::BTreeSet<u128> = pool.allocations.keys().copied().collect();
+    let mut cursor = pool.cursor;
+    let mut added = false;
+    for owner in owners {
+        let path = |o: u128| format!("/spec/allocations/{o}");
+        match pool.held_by(owner) {
+            Some((o, false)) => answers.push(Answer::offset(o, None)),
+            Some((o, true)) => {
+                let old = pool.allocations[&o].get("id").cloned().unwrap_or(Value::Null);
+                ops.push(json!({"op": "test", "path": format!("{}/id", path(o)), "value": old}));
+                ops.push(json!({"op": "replace", "path": path(o), "value": KubernetesStore::entry(owner)}));
+                answers.push(Answer::offset(o, Some(old.as_str().unwrap_or_default().to_string())));
+            }
+            None => match Candidates::after(range, cursor).find(|o| *o <= MAX_OFFSET && !taken.contains(o)) {
+                Some(o) => {
+                    if !added && !pool.has_allocations {
+                        ops.push(json!({"op": "add", "path": "/spec/allocations", "value": {}}));
+                    }
+                    added = true;
+                    ops.push(json!({"op": "test", "path": path(o), "value": null}));
+                    ops.push(json!({"op": "add", "path": path(o), "value": KubernetesStore::entry(owner)}));
+                    taken.insert(o);
+                    cursor = Some(o);
+                    answers.push(Answer::offset(o, None));
+                }
+                None => answers.push(Answer::Exhausted),
+            },
+        }
+    }
+    if added && let Some(c) = cursor {
+        let c = json!(c.to_string());
+        ops.push(match pool.has_annotations {
+            true => {
+                json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(CURSOR_ANNOTATION)), "value": c})
+            }
+            false => json!({"op": "add", "path": "/metadata/annotations", "value": {CURSOR_ANNOTATION: c}}),
+        });
+    }
+    (ops, answers)
 }
 
 /// Whether a reservation is the attachment's: by container ID when it names one (plexus writes
@@ -464,6 +517,112 @@ impl KubernetesStore {
         }
     }
 
+    /// Commit [`plan_batch`] for `owners`, reading the pool again whenever another writer
+    /// changed it in between (a failed `test`); each owner's answer.
+    fn commit_batch(&self, range: &IpRange, owners: &[&Owner], deadline: Instant) -> Result<Vec<Answer>, IpamError> {
+        loop {
+            if Instant::now() >= deadline {
+                return Err(unavailable(format!(
+                    "no allocation committed in range {} within {DEADLINE:?}",
+                    range.network
+                )));
+            }
+            let pool = self.pool(range)?;
+            let (ops, answers) = plan_batch(&pool, range, owners);
+            if ops.is_empty() || self.patch_pool(&pool.name, &ops)? {
+                return Ok(answers);
+            }
+        }
+    }
+
+    /// This node's spool for `range`'s pool, and `owner`'s request in it; `None` (after saying
+    /// why) when the ADD is to go without it.
+    fn enqueue(&self, range: &IpRange, owner: &Owner) -> Option<(Spool, Ticket)> {
+        let dir = self.node_lock.parent()?;
+        let pool = pool_name(self.network_name.as_deref(), range);
+        let spool = Spool::open(dir, &self.namespace, &pool, &format!("{range:?}"));
+        match spool.and_then(|s| s.enqueue(owner).map(|t| t.map(|t| (s, t)))) {
+            Ok(queued) => queued,
+            Err(e) => {
+                tracing::warn!("spool of ippool {pool} in {}: {e}: allocating alone", dir.display());
+                None
+            }
+        }
+    }
+
+    /// One address of `range` for `req.owner`: through the spool (served by whoever has the
+    /// node's turn, maybe this ADD, together with every other ADD waiting), then the owner's
+    /// reservation outside the turn. A requested address, whereabouts' Lease, or a reservation an
+    /// overlapping range holds take the one-at-a-time way.
+    fn allocate_one(
+        &self,
+        range: &IpRange,
+        requested: Option<IpAddr>,
+        req: &AllocRequest<'_>,
+        me: &str,
+        deadline: Instant,
+    ) -> Result<IpAddr, IpamError> {
+        let owner = &req.owner;
+        let alone = || self.locked(me, || self.allocate_in(range, requested, req, deadline));
+        if requested.is_some() || self.leader_election {
+            return alone();
+        }
+        let Some((spool, ticket)) = self.enqueue(range, owner) else { return alone() };
+        let answer = self.locked(me, || {
+            if let Some(answer) = ticket.answer() {
+                return Ok(answer);
+            }
+            let waiting = spool.waiting(&ticket).unwrap_or_else(|e| {
+                tracing::warn!("spool of range {}: {e}: serving this ADD alone", range.network);
+                Vec::new()
+            });
+            let owners: Vec<&Owner> = std::iter::once(owner).chain(waiting.iter().map(|w| &w.owner)).collect();
+            let answers = self.commit_batch(range, &owners, deadline)?;
+            if !waiting.is_empty() {
+                tracing::debug!(served = waiting.len(), range = %range.network, "one write for the ADDs waiting");
+            }
+            for (w, a) in waiting.iter().zip(&answers[1..]) {
+                if let Err(e) = spool.answer(w, a) {
+                    // It finds its entry by itself when its turn comes.
+                    tracing::warn!("answer for {}: {e}", w.owner.container_id);
+                }
+            }
+            Ok(answers[0].clone())
+        })?;
+        drop(ticket);
+        let (offset, reown_from) = match answer {
+            Answer::Exhausted => return Err(IpamError::Exhausted { range: range.network.to_string() }),
+            Answer::Offset { offset, reown_from } => match offset.parse::<u128>() {
+                Ok(o) if range.in_network(o) => (o, reown_from),
+                _ => {
+                    return Err(IpamError::Store(format!(
+                        "spool answer: offset {offset:?} is not in {}",
+                        range.network
+                    )));
+                }
+            },
+        };
+        let ip = range.addr(offset);
+        if req.overlapping {
+            match reown_from {
+                Some(old) => self.reown(ip, &old, owner)?,
+                None if !self.reserve(ip, owner)? => {
+                    // Held through an overlapping range: the offset goes back, and the careful way
+                    // (which skips such offsets) finds another.
+                    let path = format!("/spec/allocations/{offset}");
+                    let back = [
+                        json!({"op": "test", "path": format!("{path}/id"), "value": owner.container_id}),
+                        json!({"op": "remove", "path": path}),
+                    ];
+                    self.patch_pool(&pool_name(self.network_name.as_deref(), range), &back)?;
+                    return alone();
+                }
+                None => {}
+            }
+        }
+        Ok(ip)
+    }
+
     fn allocation(&self, range: &IpRange, offset: u128, v: &Value) -> Allocation {
         let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         Allocation {
@@ -533,29 +692,25 @@ impl Store for KubernetesStore {
     fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError> {
         let deadline = Instant::now() + DEADLINE;
         let me = req.owner.pod_ref.clone().unwrap_or_else(|| req.owner.container_id.clone());
-        self.locked(&me, || {
-            let mut got = Vec::new();
-            for (i, range) in req.ranges.iter().enumerate() {
-                match self.retrying(deadline, || {
-                    self.allocate_in(range, req.requested.get(i).copied().flatten(), req, deadline)
-                }) {
-                    Ok(ip) => got.push(ip),
-                    Err(e) => {
-                        // Nothing held for a failed ADD: the earlier ranges' addresses go back.
-                        for r in &req.ranges[..i] {
-                            let unreserve = |a: &Allocation| {
-                                let _ = self.unreserve(a);
-                                Ok(())
-                            };
-                            let _ =
-                                self.release_in(r, &req.owner.container_id, &req.owner.ifname, deadline, &unreserve);
-                        }
-                        return Err(e);
+        let mut got = Vec::new();
+        for (i, range) in req.ranges.iter().enumerate() {
+            let requested = req.requested.get(i).copied().flatten();
+            match self.retrying(deadline, || self.allocate_one(range, requested, req, &me, deadline)) {
+                Ok(ip) => got.push(ip),
+                Err(e) => {
+                    // Nothing held for a failed ADD: the earlier ranges' addresses go back.
+                    for r in &req.ranges[..i] {
+                        let unreserve = |a: &Allocation| {
+                            let _ = self.unreserve(a);
+                            Ok(())
+                        };
+                        let _ = self.release_in(r, &req.owner.container_id, &req.owner.ifname, deadline, &unreserve);
                     }
+                    return Err(e);
                 }
             }
-            Ok(got)
-        })
+        }
+        Ok(got)
     }
 
     fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
@@ -686,6 +841,83 @@ mod tests {
         assert!(!reserved_for(&ours, "c2", "default/a", "net1"), "another container of the pod");
         assert!(reserved_for(&theirs, "c2", "default/a", "net1"), "whereabouts writes no container ID");
         assert!(!reserved_for(&theirs, "c2", "default/a", "net2"));
+    }
+
+    fn owner(cid: &str, pod: &str) -> Owner {
+        Owner {
+            container_id: cid.into(),
+            ifname: "net1".into(),
+            pod_ref: Some(pod.into()),
+            node: String::new(),
+            network: "n".into(),
+        }
+    }
+
+    #[test]
+    fn one_write_serves_a_batch_next_fit_each_new_entry_guarded_and_held_ones_kept() {
+        let r = range("198.18.0.0/29"); // offsets 1..=6
+        let obj = json!({"metadata": {"annotations": {"ipam.plexus.io/next": "2"}},
+            "spec": {"allocations": {
+                "2": {"id": "c-held", "podref": "default/held", "ifname": "net1"},
+                "3": {"id": "c-old", "podref": "default/moved", "ifname": "net1"},
+                "4": {"id": "w", "podref": "default/whereabouts", "ifname": "net1"}}}});
+        let pool = Pool::from_object("p", &obj, &r);
+        let (a, held, moved, b, c) = (
+            owner("c-a", "default/a"),
+            owner("c-held", "default/held"),
+            owner("c-new", "default/moved"),
+            owner("c-b", "default/b"),
+            owner("c-c", "default/c"),
+        );
+        let (ops, answers) = plan_batch(&pool, &r, &[&a, &held, &moved, &b, &c]);
+        assert_eq!(
+            answers,
+            [
+                Answer::offset(5, None),
+                Answer::offset(2, None),
+                Answer::offset(3, Some("c-old".into())),
+                Answer::offset(6, None),
+                Answer::offset(1, None), // wrapped past the end, 2..4 taken
+            ]
+        );
+        let entry = |o: &Owner| json!({"id": o.container_id, "podref": o.pod_ref, "ifname": "net1"});
+        assert_eq!(
+            ops,
+            [
+                json!({"op": "test", "path": "/spec/allocations/5", "value": null}),
+                json!({"op": "add", "path": "/spec/allocations/5", "value": entry(&a)}),
+                json!({"op": "test", "path": "/spec/allocations/3/id", "value": "c-old"}),
+                json!({"op": "replace", "path": "/spec/allocations/3", "value": entry(&moved)}),
+                json!({"op": "test", "path": "/spec/allocations/6", "value": null}),
+                json!({"op": "add", "path": "/spec/allocations/6", "value": entry(&b)}),
+                json!({"op": "test", "path": "/spec/allocations/1", "value": null}),
+                json!({"op": "add", "path": "/spec/allocations/1", "value": entry(&c)}),
+                json!({"op": "add", "path": "/metadata/annotations/ipam.plexus.io~1next", "value": "1"}),
+            ]
+        );
+        // A full range: the one left over is told so, the others still get theirs.
+        let d = owner("c-d", "default/d");
+        let (_, answers) = plan_batch(&pool, &r, &[&a, &b, &c, &d]);
+        assert_eq!(answers[3], Answer::Exhausted);
+        // Only held entries: nothing to write.
+        let (ops, answers) = plan_batch(&pool, &r, &[&held]);
+        assert!(ops.is_empty());
+        assert_eq!(answers, [Answer::offset(2, None)]);
+    }
+
+    #[test]
+    fn a_batch_on_a_new_pool_creates_its_allocations_and_annotations_once() {
+        let r = range("198.18.0.0/24");
+        let pool = Pool::from_object("p", &json!({"spec": {"range": "198.18.0.0/24"}}), &r);
+        let (a, b) = (owner("c-a", "default/a"), owner("c-b", "default/b"));
+        let (ops, answers) = plan_batch(&pool, &r, &[&a, &b]);
+        assert_eq!(answers, [Answer::offset(1, None), Answer::offset(2, None)]);
+        assert_eq!(ops[0], json!({"op": "add", "path": "/spec/allocations", "value": {}}));
+        assert_eq!(ops.iter().filter(|o| o["path"] == "/spec/allocations").count(), 1);
+        assert_eq!(
+            ops.last().unwrap(),
+            &json!({"op": "add", "path": "/metadata/annotations", "value": {"ipam.plexus.io/next": "2"}})
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod etcd;
 pub mod file;
 pub mod kubernetes;
 mod kubernetes_lease;
+mod kubernetes_spool;
 
 use std::net::IpAddr;
 
