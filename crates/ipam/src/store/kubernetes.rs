@@ -61,6 +61,14 @@ pub struct KubernetesStore {
     node_lock: std::path::PathBuf,
 }
 
+/// Code 11 once an ADD's deadline has passed with nothing committed in `range`.
+fn not_past(deadline: Instant, range: &IpRange) -> Result<(), IpamError> {
+    if Instant::now() >= deadline {
+        return Err(unavailable(format!("no allocation committed in range {} within {DEADLINE:?}", range.network)));
+    }
+    Ok(())
+}
+
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
     IpamError::Unavailable(format!("Kubernetes: {e}"))
 }
@@ -366,12 +374,7 @@ impl KubernetesStore {
         let owner = &req.owner;
         let mut skip = std::collections::BTreeSet::new();
         loop {
-            if Instant::now() >= deadline {
-                return Err(unavailable(format!(
-                    "no allocation committed in range {} within {DEADLINE:?}",
-                    range.network
-                )));
-            }
+            not_past(deadline, range)?;
             let pool = self.pool(range)?;
             if let Some((offset, by_pod)) = pool.held_by(owner) {
                 let ip = range.addr(offset);
@@ -521,12 +524,7 @@ impl KubernetesStore {
     /// changed it in between (a failed `test`); each owner's answer.
     fn commit_batch(&self, range: &IpRange, owners: &[&Owner], deadline: Instant) -> Result<Vec<Answer>, IpamError> {
         loop {
-            if Instant::now() >= deadline {
-                return Err(unavailable(format!(
-                    "no allocation committed in range {} within {DEADLINE:?}",
-                    range.network
-                )));
-            }
+            not_past(deadline, range)?;
             let pool = self.pool(range)?;
             let (ops, answers) = plan_batch(&pool, range, owners);
             if ops.is_empty() || self.patch_pool(&pool.name, &ops)? {
