@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the peers plexus is tested and measured beside — Kubernetes (kube-apiserver, kubelet,
 # kube-controller-manager, kube-scheduler, kubectl), etcd 3.6, containerd 2.0 (+ shim, ctr),
-# crictl, Multus v4 (thin and thick), whereabouts and the current reference plugins — from their
-# Go modules, pinned in tests/peers/*/go.{mod,sum}. Nothing of theirs is committed. Plus a test
-# device plugin of ours (tests/peers/deviceplugin), built the same way.
+# crictl, Multus v4 (thin and thick), whereabouts (and one run of its reconciler) and the
+# current reference plugins — from their Go modules, pinned in tests/peers/*/go.{mod,sum}.
+# Nothing of theirs is committed. Plus a test device plugin of ours (tests/peers/deviceplugin),
+# built the same way.
 #
 # The binaries go into a cache outside the clone, per module keyed by the hash of its go.mod/go.sum
 # (and, for tests/peers/deviceplugin, our test device plugin, its Go source), so a repeat run (CI's
@@ -32,7 +33,8 @@ declare -A binaries=(
   [multus]="multus=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
     multus-daemon=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon
     multus-shim=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim"
-  [whereabouts]="whereabouts=github.com/k8snetworkplumbingwg/whereabouts/cmd"
+  [whereabouts]="whereabouts=github.com/k8snetworkplumbingwg/whereabouts/cmd
+    whereabouts-reconcile=plexus.local/peers/whereabouts"
   [plugins]="macvlan=github.com/containernetworking/plugins/plugins/main/macvlan
     host-device=github.com/containernetworking/plugins/plugins/main/host-device
     bridge=github.com/containernetworking/plugins/plugins/main/bridge

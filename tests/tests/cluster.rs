@@ -698,6 +698,72 @@ spec:
     wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
 }
 
+impl Cluster {
+    /// What the admin does to turn plexus-ipam's `kubernetes` store on: its RBAC, and the policy
+    /// naming the node's credentials (the DaemonSet's kubeconfig) and whereabouts' namespace.
+    fn use_kubernetes_ipam_store(&self) {
+        self.apply(&std::fs::read_to_string(repo().join("conf-examples/deploy/rbac-ipam-kubernetes.yaml")).unwrap());
+        let kubeconfig = Path::new(self.var("CNI_CONF_DIR")).join("plexus.d/plexus.kubeconfig");
+        let policy = serde_json::json!({"dataRoots": [self.data()], "deviceInfoDir": self.state().join("devinfo"),
+            "kubernetes": {"kubeconfig": kubeconfig, "namespace": "kube-system"}});
+        std::fs::write(self.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
+    }
+
+    /// A whereabouts object in kube-system (`ippools`, `overlappingrangeipreservations`), if it
+    /// exists.
+    fn whereabouts_object(&self, kind: &str, name: &str) -> Option<Value> {
+        let (ok, out) = self.kubectl(
+            &["-n", "kube-system", "get", &format!("{kind}.whereabouts.cni.cncf.io"), name, "-o", "json"],
+            None,
+        );
+        if !ok {
+            assert!(out.contains("NotFound"), "{out}");
+            return None;
+        }
+        Some(serde_json::from_str(&out).unwrap())
+    }
+
+    /// The entries of an IPPool (offset → entry); none when it does not exist.
+    fn pool_entries(&self, pool: &str) -> serde_json::Map<String, Value> {
+        self.whereabouts_object("ippools", pool)
+            .and_then(|p| p["spec"]["allocations"].as_object().cloned())
+            .unwrap_or_default()
+    }
+
+    /// whereabouts' flat configuration file (its `configuration_path`): the Kubernetes store,
+    /// with the admin's kubeconfig.
+    fn whereabouts_flat_conf(&self) -> PathBuf {
+        let flat = self.state().join("whereabouts.conf");
+        let conf = serde_json::json!({"datastore": "kubernetes", "kubernetes": {"kubeconfig": self.var("KUBECONFIG")}});
+        std::fs::write(&flat, conf.to_string()).unwrap();
+        flat
+    }
+
+    /// A plexus binary (plexusctl) run in the node's network namespace under the node's policy.
+    fn plexus_tool(&self, tool: &str, args: &[&str], envs: &[(&str, &Path)]) -> (bool, String, String) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", self.var("NODE_NETNS")])
+            .arg(plexus_tests::plugin_bin(tool))
+            .args(args)
+            .env("PLEXUS_POLICY", self.var("PLEXUS_POLICY"))
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    }
+
+    /// The names of the OverlappingRangeIPReservations.
+    fn reservation_names(&self) -> BTreeSet<String> {
+        let (ok, out) = self.kubectl(
+            &["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io", "-o", "name"],
+            None,
+        );
+        assert!(ok, "{out}");
+        out.lines().filter_map(|l| l.rsplit('/').next()).filter(|l| !l.is_empty()).map(str::to_string).collect()
+    }
+}
+
 /// One run of an IPAM plugin in the node's namespace, as a runtime would run it for pod `pod`.
 fn ipam_run(c: &Cluster, bin: &Path, verb: &str, cid: &str, pod: &str, conf: &Value) -> (bool, Value) {
     ipam_run_faulted(c, bin, verb, cid, pod, conf, "")
@@ -766,18 +832,8 @@ fn ipam_run_interrupted(
 fn plexus_ipam_and_whereabouts_share_one_pool_on_the_api_server_without_duplicates() {
     use serde_json::json;
     let c = Cluster::up("");
-    // The admin turns the store on: its RBAC, and the policy naming the node's credentials.
-    c.apply(&std::fs::read_to_string(repo().join("conf-examples/deploy/rbac-ipam-kubernetes.yaml")).unwrap());
-    let kubeconfig = Path::new(c.var("CNI_CONF_DIR")).join("plexus.d/plexus.kubeconfig");
-    let policy = json!({"dataRoots": [c.data()], "deviceInfoDir": c.state().join("devinfo"),
-        "kubernetes": {"kubeconfig": kubeconfig, "namespace": "kube-system"}});
-    std::fs::write(c.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
-    let flat = c.state().join("whereabouts.conf");
-    std::fs::write(
-        &flat,
-        json!({"datastore": "kubernetes", "kubernetes": {"kubeconfig": c.var("KUBECONFIG")}}).to_string(),
-    )
-    .unwrap();
+    c.use_kubernetes_ipam_store();
+    let flat = c.whereabouts_flat_conf();
     let wb_conf = json!({"cniVersion": "1.0.0", "name": "shared",
         "ipam": {"type": "whereabouts", "range": "198.18.160.0/23", "configuration_path": flat}});
     let px_conf = json!({"cniVersion": "1.0.0", "name": "shared",
@@ -924,11 +980,7 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
     const CLIENTS: usize = 16;
     const LIVE: usize = 8;
     let c = Cluster::up("");
-    c.apply(&std::fs::read_to_string(repo().join("conf-examples/deploy/rbac-ipam-kubernetes.yaml")).unwrap());
-    let kubeconfig = Path::new(c.var("CNI_CONF_DIR")).join("plexus.d/plexus.kubeconfig");
-    let policy = json!({"dataRoots": [c.data()], "deviceInfoDir": c.state().join("devinfo"),
-        "kubernetes": {"kubeconfig": kubeconfig, "namespace": "kube-system"}});
-    std::fs::write(c.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
+    c.use_kubernetes_ipam_store();
     let conf = json!({"cniVersion": "1.0.0", "name": "churn",
         "ipam": {"type": "plexus-ipam", "range": "198.18.164.0/22", "store": "kubernetes"}});
     let px = plexus_tests::plugin_bin("plexus-ipam");
@@ -1039,6 +1091,190 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
     );
     assert!(ok, "{out}");
     assert_eq!(out.lines().filter(|l| !l.is_empty()).count(), 0, "reservations leaked: {out}");
+}
+
+#[test]
+fn dual_stack_pods_on_the_api_store_keep_their_addresses_through_whereabouts_reconciler_and_plexusctl_lists_and_releases()
+ {
+    use serde_json::json;
+    let c = Cluster::up("");
+    c.use_kubernetes_ipam_store();
+    let ipam = json!({"type": "plexus-ipam", "store": "kubernetes",
+        "ipRanges": [{"range": "198.18.172.0/24"}, {"range": "2001:db8:172::/64"}]});
+    let net = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "ens1f0np0", "ipam": ipam});
+    c.apply(&c.nad("default", "rail-api", &net.to_string()));
+    c.apply(&c.pod("default", "keeper", "rail-api"));
+    c.wait_ready("default", "pod/keeper", "90s");
+    // The meta-plugin's network-status lists both addresses, as whereabouts' reconciler reads them.
+    let status = c.network_status("default", "keeper");
+    assert_eq!(status[1]["name"], "default/rail-api");
+    assert_eq!(status[1]["ips"], json!(["198.18.172.1", "2001:db8:172::1"]), "{status:?}");
+    let (v4, v6) = ("198.18.172.0-24", "2001-db8-172---64");
+    let keeper = c.pool_entries(v4)["1"].clone();
+    assert_eq!(keeper["podref"], "default/keeper");
+    assert_eq!(c.pool_entries(v6)["1"], keeper, "the same entry in the IPv6 pool");
+    assert_eq!(c.reservation_names(), BTreeSet::from(["198.18.172.1".into(), "2001-db8-172--1".into()]));
+
+    // Two attachments whose pods do not exist (their runtime went away without a DEL).
+    let ipam_conf = json!({"cniVersion": "1.0.0", "name": "rail-api", "ipam": ipam});
+    let px = plexus_tests::plugin_bin("plexus-ipam");
+    for ghost in ["ghost-a", "ghost-b"] {
+        let (ok, r) = ipam_run(&c, &px, "ADD", ghost, ghost, &ipam_conf);
+        assert!(ok, "{r}");
+    }
+    assert_eq!(c.reservation_names().len(), 6);
+
+    // plexusctl ipam, through the network's own config: every address with its owner...
+    let confs = c.state().join("plexusctl-conf");
+    std::fs::create_dir_all(&confs).unwrap();
+    let list = json!({"cniVersion": "1.0.0", "name": "rail-api", "plugins": [net]});
+    std::fs::write(confs.join("rail-api.conflist"), list.to_string()).unwrap();
+    let ctl = |args: &[&str]| c.plexus_tool("plexusctl", args, &[("NETCONFPATH", &confs)]);
+    let (ok, out, err) = ctl(&["ipam", "list", "rail-api", "--json"]);
+    assert!(ok, "{err}");
+    let listed: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let held: BTreeSet<(String, String)> = listed
+        .iter()
+        .map(|a| (a["ip"].as_str().unwrap().to_string(), a["podRef"].as_str().unwrap().to_string()))
+        .collect();
+    let expected: BTreeSet<(String, String)> = [
+        ("198.18.172.1", "default/keeper"),
+        ("2001:db8:172::1", "default/keeper"),
+        ("198.18.172.2", "default/ghost-a"),
+        ("2001:db8:172::2", "default/ghost-a"),
+        ("198.18.172.3", "default/ghost-b"),
+        ("2001:db8:172::3", "default/ghost-b"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(held, expected, "{out}");
+    let (ok, out, err) = ctl(&["ipam", "list", "rail-api"]);
+    assert!(ok && out.contains("2001:db8:172::2") && err.contains("6 allocation(s)"), "{out}{err}");
+    // ... and an operator's release: both addresses and both reservations go.
+    let (ok, out, err) = ctl(&["ipam", "release", "rail-api", "ghost-a", "net1"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("released 198.18.172.2 ") && out.contains("released 2001:db8:172::2 "), "{out}");
+    assert!(!c.pool_entries(v4).contains_key("2") && !c.pool_entries(v6).contains_key("2"));
+    assert!(!c.reservation_names().contains("198.18.172.2") && !c.reservation_names().contains("2001-db8-172--2"));
+
+    // whereabouts' own reconciler: it frees ghost-b (no such pod) and keeps what the running
+    // pod's network-status lists, in both families.
+    let kubeconfig = c.var("KUBECONFIG").to_string();
+    let (ok, out) = c.peer("whereabouts-reconcile", &["-kubeconfig", &kubeconfig], None);
+    assert!(ok, "{out}");
+    let freed: BTreeSet<&str> = out.lines().filter(|l| l.parse::<std::net::IpAddr>().is_ok()).collect();
+    assert_eq!(freed, BTreeSet::from(["198.18.172.3", "2001:db8:172::3"]), "{out}");
+    assert_eq!(c.pool_entries(v4).keys().collect::<Vec<_>>(), ["1"]);
+    assert_eq!(c.pool_entries(v6).keys().collect::<Vec<_>>(), ["1"]);
+    assert_eq!(c.reservation_names(), BTreeSet::from(["198.18.172.1".into(), "2001-db8-172--1".into()]));
+    // The next address handed out is a new one (next-fit), not one the pod still has.
+    let (ok, r) = ipam_run(&c, &px, "ADD", "after", "after", &ipam_conf);
+    assert!(ok, "{r}");
+    assert_eq!(r["ips"][0]["address"], "198.18.172.4/24");
+    assert!(ipam_run(&c, &px, "DEL", "after", "after", &ipam_conf).0);
+
+    // The pod goes: its DEL frees both, and nothing is left.
+    c.delete("default", &["pod", "keeper"]);
+    wait_until("keeper's addresses released", Duration::from_secs(30), || c.reservation_names().is_empty());
+    assert!(c.pool_entries(v4).is_empty() && c.pool_entries(v6).is_empty());
+    c.wait_no_state_or_cache();
+}
+
+#[test]
+fn with_leader_election_plexus_ipam_waits_for_whereabouts_lease_and_takes_turns_with_whereabouts() {
+    use serde_json::json;
+    let c = Cluster::up("");
+    c.use_kubernetes_ipam_store();
+    let px = plexus_tests::plugin_bin("plexus-ipam");
+    let wb = Path::new(c.var("PEERS_BIN")).join("whereabouts");
+    let px_conf = json!({"cniVersion": "1.0.0", "name": "strict",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.174.0/24", "store": {"kubernetes": {"leaderElection": true}}}});
+    let wb_conf = json!({"cniVersion": "1.0.0", "name": "strict",
+        "ipam": {"type": "whereabouts", "range": "198.18.174.0/24", "configuration_path": c.whereabouts_flat_conf()}});
+    let lease = || -> Value {
+        let (ok, out) = c.kubectl(&["-n", "kube-system", "get", "lease", "whereabouts", "-o", "json"], None);
+        assert!(ok, "{out}");
+        serde_json::from_str(&out).unwrap()
+    };
+    // A whereabouts writer holds the Lease (just renewed, for a minute).
+    let (ok, r) = ipam_run(&c, &wb, "ADD", "wb-first", "wb-first", &wb_conf);
+    assert!(ok, "{r}");
+    let mut held = lease();
+    let now = Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%S.%6NZ"]).output().unwrap();
+    held["spec"]["holderIdentity"] = json!("default/a-whereabouts-writer");
+    held["spec"]["leaseDurationSeconds"] = json!(60);
+    held["spec"]["renewTime"] = json!(String::from_utf8_lossy(&now.stdout).trim());
+    let (ok, out) = c.kubectl(&["replace", "-f", "-"], Some(&held.to_string()));
+    assert!(ok, "{out}");
+    // plexus-ipam waits for it, as whereabouts' own writers do...
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| done_tx.send(ipam_run(&c, &px, "ADD", "px-waits", "px-waits", &px_conf)).unwrap());
+        assert!(
+            done_rx.recv_timeout(Duration::from_secs(4)).is_err(),
+            "plexus-ipam allocated while whereabouts held its Lease"
+        );
+        assert!(c.pool_entries("198.18.174.0-24").values().all(|e| e["id"] != "px-waits"));
+        // ... and goes on as soon as the holder gives it up (client-go's ReleaseOnCancel).
+        let mut given_up = lease();
+        given_up["spec"]["holderIdentity"] = json!("");
+        let (ok, out) = c.kubectl(&["replace", "-f", "-"], Some(&given_up.to_string()));
+        assert!(ok, "{out}");
+        let (ok, r) = done_rx.recv_timeout(Duration::from_secs(10)).expect("plexus-ipam went on within 10 s");
+        assert!(ok, "{r}");
+        assert_eq!(r["ips"][0]["address"], "198.18.174.2/24");
+    });
+    let after = lease();
+    assert_eq!(after["spec"]["holderIdentity"], "", "plexus-ipam gave the Lease back: {after}");
+    assert!(
+        after["spec"]["leaseTransitions"].as_i64().unwrap() > held["spec"]["leaseTransitions"].as_i64().unwrap_or(0)
+    );
+
+    // Both allocators on the one Lease at once: every address handed out once.
+    const N: usize = 64;
+    let tool = |i: usize| if i.is_multiple_of(2) { (&wb, &wb_conf, "wb") } else { (&px, &px_conf, "px") };
+    let got: Vec<(usize, String)> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..16)
+            .map(|client| {
+                let (c, tool) = (&c, &tool);
+                s.spawn(move || {
+                    (client..N)
+                        .step_by(16)
+                        .map(|i| {
+                            let (bin, conf, who) = tool(i);
+                            let (cid, pod) = (format!("{who}-c{i}"), format!("pod-{i}"));
+                            let mut attempt = 0;
+                            let r = loop {
+                                let (ok, r) = ipam_run(c, bin, "ADD", &cid, &pod, conf);
+                                if ok {
+                                    break r;
+                                }
+                                // whereabouts gives up waiting for its Lease under contention;
+                                // the kubelet would DEL and retry. plexus-ipam must not need it.
+                                assert!(who == "wb" && attempt < 10, "{who} ADD {i}: {r}");
+                                assert!(ipam_run(c, bin, "DEL", &cid, &pod, conf).0);
+                                attempt += 1;
+                            };
+                            (i, r["ips"][0]["address"].as_str().unwrap().to_string())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        clients.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let distinct: BTreeSet<&String> = got.iter().map(|(_, ip)| ip).collect();
+    assert_eq!(distinct.len(), N, "every address handed out once");
+    assert_eq!(c.pool_entries("198.18.174.0-24").len(), N + 2);
+    for (i, _) in &got {
+        let (bin, conf, who) = tool(*i);
+        assert!(ipam_run(&c, bin, "DEL", &format!("{who}-c{i}"), &format!("pod-{i}"), conf).0);
+    }
+    assert!(ipam_run(&c, &px, "DEL", "wb-first", "wb-first", &px_conf).0);
+    assert!(ipam_run(&c, &px, "DEL", "px-waits", "px-waits", &px_conf).0);
+    assert!(c.pool_entries("198.18.174.0-24").is_empty());
+    assert!(c.reservation_names().is_empty());
 }
 
 impl Cluster {

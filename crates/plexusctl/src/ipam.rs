@@ -1,5 +1,5 @@
 //! `plexusctl ipam list|release`: who holds which address, on which node — through the network's
-//! own IPAM section, so the file store and the etcd store answer alike.
+//! own IPAM section, so the file, etcd and kubernetes stores answer alike.
 
 use anyhow::{Context, Result, bail};
 use plexus_cni::NetConf;
@@ -41,7 +41,8 @@ pub fn list(list: &plexus_cni::ConfList, json: bool) -> Result<()> {
             a.ip,
             cid,
             a.owner.ifname,
-            a.owner.node,
+            // whereabouts' objects name no node.
+            if a.owner.node.is_empty() { "-" } else { &a.owner.node },
             a.owner.pod_ref.as_deref().unwrap_or("-"),
             a.owner.network
         );

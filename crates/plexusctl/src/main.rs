@@ -36,7 +36,7 @@ enum Cmd {
     Gc(RunArgs),
     /// STATUS of every plugin of the network.
     Status(RunArgs),
-    /// IPAM allocations of a network's plexus-ipam (file or etcd store).
+    /// IPAM allocations of a network's plexus-ipam (file, etcd or kubernetes store).
     #[command(subcommand)]
     Ipam(IpamCmd),
     /// The RoCE GIDs of a pod's interfaces (`show_gids` style): the GID index NCCL needs.
