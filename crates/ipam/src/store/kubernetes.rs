@@ -49,6 +49,10 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const MAX_OFFSET: u128 = i64::MAX as u128;
 const JSON_PATCH: &str = "application/json-patch+json";
 const JSON: &str = "application/json";
+/// How often an ADD waiting in the spool looks for its answer or a free turn: at first, and at
+/// most (it backs off while the turn stays taken).
+const ANSWER_POLL: Duration = Duration::from_millis(1);
+const ANSWER_POLL_MAX: Duration = Duration::from_millis(4);
 
 pub struct KubernetesStore {
     api: ApiClient,
@@ -59,6 +63,15 @@ pub struct KubernetesStore {
     ranges: Vec<IpRange>,
     leader_election: bool,
     node_lock: std::path::PathBuf,
+}
+
+/// Which copy of a pool a read takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// etcd's (a quorum read).
+    Latest,
+    /// The API server's watch cache (`resourceVersion=0`).
+    Cached,
 }
 
 /// Code 11 once an ADD's deadline has passed with nothing committed in `range`.
@@ -156,9 +169,10 @@ impl Pool {
 }
 
 /// One write for several owners of one pool: each gets the offset it holds (an entry of the pod's
-/// earlier container is taken over) or the next free one after the cursor, every new entry
-/// guarded by a `test` that its offset is still absent. The JSON Patch (empty: nothing to write)
-/// and each owner's answer, in order.
+/// earlier container is taken over) or the next free one after the cursor, every answer guarded
+/// by a `test` (a new entry's offset still absent, a held entry still the owner's). The JSON
+/// Patch (only `test`s when nothing is new: the server writes nothing then) and each owner's
+/// answer, in order.
 fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, Vec<Answer>) {
     let mut ops = Vec::new();
     let mut answers = Vec::new();
@@ -168,7 +182,11 @@ fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, V
     for owner in owners {
         let path = |o: u128| format!("/spec/allocations/{o}");
         match pool.held_by(owner) {
-            Some((o, false)) => answers.push(Answer::offset(o, None)),
+            Some((o, false)) => {
+                // Still the owner's when the write lands (the read may be the cache's).
+                ops.push(json!({"op": "test", "path": format!("{}/id", path(o)), "value": owner.container_id}));
+                answers.push(Answer::offset(o, None));
+            }
             Some((o, true)) => {
                 let old = pool.allocations[&o].get("id").cloned().unwrap_or(Value::Null);
                 ops.push(json!({"op": "test", "path": format!("{}/id", path(o)), "value": old}));
@@ -246,23 +264,26 @@ impl KubernetesStore {
         }
     }
 
-    /// The pool of `range`, created (empty) when it does not exist yet.
-    fn pool(&self, range: &IpRange) -> Result<Pool, IpamError> {
+    /// The pool of `range`, created (empty) when it does not exist yet. `Read::Cached` takes it
+    /// from the API server's watch cache (no etcd read; maybe a moment old), for a write whose
+    /// every answer its `test`s check.
+    fn pool(&self, range: &IpRange, read: Read) -> Result<Pool, IpamError> {
         let name = pool_name(self.network_name.as_deref(), range);
+        let mut path = self.path("ippools", Some(&name));
+        if read == Read::Cached {
+            path.push_str("?resourceVersion=0");
+        }
         for _ in 0..3 {
             let what = format!("get ippool {}/{name}", self.namespace);
-            match self
-                .api
-                .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
-                .map_err(unavailable)?
-            {
+            match self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
                 Reply::Ok(obj) => return Ok(Pool::from_object(&name, &obj, range)),
                 Reply::NotFound => {
                     let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
                         "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
                         "spec": {"range": range.network.to_string(), "allocations": {}}});
                     let what = format!("create ippool {}/{name}", self.namespace);
-                    // Created by another writer meanwhile: read it again.
+                    // Created by another writer meanwhile: read it again (from etcd).
+                    path = self.path("ippools", Some(&name));
                     self.api
                         .send(&what, Method::POST, &self.path("ippools", None), JSON, Some(&obj))
                         .map_err(unavailable)?;
@@ -375,7 +396,7 @@ impl KubernetesStore {
         let mut skip = std::collections::BTreeSet::new();
         loop {
             not_past(deadline, range)?;
-            let pool = self.pool(range)?;
+            let pool = self.pool(range, Read::Latest)?;
             if let Some((offset, by_pod)) = pool.held_by(owner) {
                 let ip = range.addr(offset);
                 if by_pod {
@@ -520,16 +541,24 @@ impl KubernetesStore {
         }
     }
 
-    /// Commit [`plan_batch`] for `owners`, reading the pool again whenever another writer
-    /// changed it in between (a failed `test`); each owner's answer.
+    /// Commit [`plan_batch`] for `owners`, reading the pool again (from etcd) whenever another
+    /// writer changed it in between (a failed `test`); each owner's answer. The first read is
+    /// the watch cache's: the patch `test`s every answer, so a stale read fails it instead of
+    /// handing out what it shows.
     fn commit_batch(&self, range: &IpRange, owners: &[&Owner], deadline: Instant) -> Result<Vec<Answer>, IpamError> {
+        let mut read = Read::Cached;
         loop {
             not_past(deadline, range)?;
-            let pool = self.pool(range)?;
+            let pool = self.pool(range, read)?;
             let (ops, answers) = plan_batch(&pool, range, owners);
-            if ops.is_empty() || self.patch_pool(&pool.name, &ops)? {
-                return Ok(answers);
+            match ops.is_empty() {
+                // Nothing to test (the range is full): only etcd's copy says so.
+                true if read == Read::Latest => return Ok(answers),
+                true => {}
+                false if self.patch_pool(&pool.name, &ops)? => return Ok(answers),
+                false => {}
             }
+            read = Read::Latest;
         }
     }
 
@@ -566,9 +595,21 @@ impl KubernetesStore {
             return alone();
         }
         let Some((spool, ticket)) = self.enqueue(range, owner) else { return alone() };
-        let answer = self.locked(me, || {
+        // The answer a leader leaves, or the turn to be the leader: whichever comes first. A
+        // served ADD goes on without waiting for the turn (behind the next leader's whole write).
+        let mut pause = ANSWER_POLL;
+        let answer = loop {
             if let Some(answer) = ticket.answer() {
-                return Ok(answer);
+                break answer;
+            }
+            let Some(_turn) = self.turn(false)? else {
+                not_past(deadline, range)?;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(ANSWER_POLL_MAX);
+                continue;
+            };
+            if let Some(answer) = ticket.answer() {
+                break answer;
             }
             let waiting = spool.waiting(&ticket).unwrap_or_else(|e| {
                 tracing::warn!("spool of range {}: {e}: serving this ADD alone", range.network);
@@ -585,8 +626,8 @@ impl KubernetesStore {
                     tracing::warn!("answer for {}: {e}", w.owner.container_id);
                 }
             }
-            Ok(answers[0].clone())
-        })?;
+            break answers[0].clone();
+        };
         drop(ticket);
         let (offset, reown_from) = match answer {
             Answer::Exhausted => return Err(IpamError::Exhausted { range: range.network.to_string() }),
@@ -652,10 +693,10 @@ impl KubernetesStore {
         }
     }
 
-    /// Run `f` with this node's turn (a file lock in the policy's data root: the node's writers
-    /// one at a time, other nodes' concurrently) and, when the network asks for it, whereabouts'
-    /// Lease.
-    fn locked<T>(&self, owner: &str, f: impl FnOnce() -> Result<T, IpamError>) -> Result<T, IpamError> {
+    /// This node's turn (a file lock in the policy's data root: the node's writers one at a time,
+    /// other nodes' concurrently), held until the file drops; `wait: false` gives `None` at once
+    /// when another writer has it.
+    fn turn(&self, wait: bool) -> Result<Option<std::fs::File>, IpamError> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         if let Some(dir) = self.node_lock.parent().filter(|d| !d.exists()) {
             let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
@@ -669,12 +710,24 @@ impl KubernetesStore {
                 .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
                 .open(&self.node_lock)
         };
+        let failed = |e: std::io::Error| IpamError::Store(format!("node lock {}: {e}", self.node_lock.display()));
         // A read-only root still takes a lock on a file opened for reading (DEL must work).
-        let turn = open(true)
+        let file = open(true)
             .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
-            .and_then(|f| f.lock().map(|()| f))
-            .map_err(|e| IpamError::Store(format!("node lock {}: {e}", self.node_lock.display())))?;
-        let _turn = turn;
+            .map_err(failed)?;
+        if wait {
+            return file.lock().map(|()| Some(file)).map_err(failed);
+        }
+        match file.try_lock() {
+            Ok(()) => Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(failed(e)),
+        }
+    }
+
+    /// Run `f` with this node's turn and, when the network asks for it, whereabouts' Lease.
+    fn locked<T>(&self, owner: &str, f: impl FnOnce() -> Result<T, IpamError>) -> Result<T, IpamError> {
+        let _turn = self.turn(true)?;
         if !self.leader_election {
             return f();
         }
@@ -852,7 +905,7 @@ mod tests {
     }
 
     #[test]
-    fn one_write_serves_a_batch_next_fit_each_new_entry_guarded_and_held_ones_kept() {
+    fn one_write_serves_a_batch_next_fit_every_answer_guarded_by_a_test() {
         let r = range("198.18.0.0/29"); // offsets 1..=6
         let obj = json!({"metadata": {"annotations": {"ipam.plexus.io/next": "2"}},
             "spec": {"allocations": {
@@ -884,6 +937,7 @@ mod tests {
             [
                 json!({"op": "test", "path": "/spec/allocations/5", "value": null}),
                 json!({"op": "add", "path": "/spec/allocations/5", "value": entry(&a)}),
+                json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-held"}),
                 json!({"op": "test", "path": "/spec/allocations/3/id", "value": "c-old"}),
                 json!({"op": "replace", "path": "/spec/allocations/3", "value": entry(&moved)}),
                 json!({"op": "test", "path": "/spec/allocations/6", "value": null}),
@@ -897,10 +951,20 @@ mod tests {
         let d = owner("c-d", "default/d");
         let (_, answers) = plan_batch(&pool, &r, &[&a, &b, &c, &d]);
         assert_eq!(answers[3], Answer::Exhausted);
-        // Only held entries: nothing to write.
+        // Only held entries: nothing to write, only that they are still held to check.
         let (ops, answers) = plan_batch(&pool, &r, &[&held]);
-        assert!(ops.is_empty());
+        assert_eq!(ops, [json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-held"})]);
         assert_eq!(answers, [Answer::offset(2, None)]);
+        // A full range and nobody served: no patch to send (only a read from etcd says "full").
+        let full = Pool::from_object(
+            "p",
+            &json!({"spec": {"allocations": {
+            "1": {"id": "x1"}, "2": {"id": "x2"}, "3": {"id": "x3"}, "4": {"id": "x4"}, "5": {"id": "x5"}, "6": {"id": "x6"}}}}),
+            &r,
+        );
+        let (ops, answers) = plan_batch(&full, &r, &[&a]);
+        assert!(ops.is_empty());
+        assert_eq!(answers, [Answer::Exhausted]);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! the API server applies the writes to one object one at a time, so one write per address is
 //! the floor of a pool's throughput. Instead, an ADD leaves its request in the pool's spool
 //! before it waits for the node's turn (the file lock); whoever gets the turn first (the
-//! leader) serves every request waiting there in one JSON Patch and leaves each its answer; an
-//! ADD that finds its answer when its turn comes has nothing to write.
+//! leader) serves every request waiting there in one JSON Patch and leaves each its answer. A
+//! waiting ADD looks for its answer and for a free turn alike, so a served ADD goes on at once
+//! instead of waiting behind the next leader's write.
 //!
 //! ```text
 //! <data root>/.plexus-ipam-kubernetes.spool/<pool key>/
@@ -200,11 +201,19 @@ impl Spool {
         Ok(live)
     }
 
-    /// Leave `answer` for the waiting request `to`.
+    /// Leave `answer` for the waiting request `to`: whole or not at all, as the waiting ADD
+    /// reads it without the node's turn.
     pub fn answer(&self, to: &Waiting, answer: &Answer) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
-        remove(&to.answer)?;
-        create_private(&to.answer)?.write_all(&bytes)
+        let name = to.answer.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let temp = self.dir.join(format!(".{name}.tmp{}", std::process::id()));
+        remove(&temp)?;
+        let written = create_private(&temp).and_then(|mut f| f.write_all(&bytes));
+        if let Err(e) = written.and_then(|()| std::fs::rename(&temp, &to.answer)) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
+        }
+        Ok(())
     }
 }
 
