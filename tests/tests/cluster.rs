@@ -769,6 +769,46 @@ fn ipam_run(c: &Cluster, bin: &Path, verb: &str, cid: &str, pod: &str, conf: &Va
     ipam_run_faulted(c, bin, verb, cid, pod, conf, "")
 }
 
+/// `n` ADDs (attachment `i` by `tool(i)`: its binary, config and container-ID prefix) by
+/// `clients` concurrent clients; each attachment's address (without its prefix length). A failed
+/// whereabouts ADD (its Lease under contention: it gives up waiting) is DELeted and tried again,
+/// as the kubelet does, at most 10 times; plexus-ipam must never need that.
+fn concurrent_adds<'a>(
+    c: &Cluster,
+    clients: usize,
+    n: usize,
+    tool: &(dyn Fn(usize) -> (&'a Path, &'a Value, &'static str) + Sync),
+) -> Vec<(usize, String)> {
+    std::thread::scope(|s| {
+        let clients: Vec<_> = (0..clients)
+            .map(|client| {
+                s.spawn(move || {
+                    (client..n)
+                        .step_by(clients)
+                        .map(|i| {
+                            let (bin, conf, who) = tool(i);
+                            let (cid, pod) = (format!("{who}-c{i}"), format!("pod-{i}"));
+                            let mut attempt = 0;
+                            let r = loop {
+                                let (ok, r) = ipam_run(c, bin, "ADD", &cid, &pod, conf);
+                                if ok {
+                                    break r;
+                                }
+                                assert!(who == "wb" && attempt < 10, "{who} ADD {i}: {r}");
+                                eprintln!("whereabouts ADD {i} failed, retried: {r}");
+                                assert!(ipam_run(c, bin, "DEL", &cid, &pod, conf).0);
+                                attempt += 1;
+                            };
+                            (i, r["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().to_string())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        clients.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// [`ipam_run`] with `PLEXUS_FAULT` set (`plexus_cni::fault`; empty: none).
 fn ipam_run_faulted(
     c: &Cluster,
@@ -840,42 +880,13 @@ fn plexus_ipam_and_whereabouts_share_one_pool_on_the_api_server_without_duplicat
         "ipam": {"type": "plexus-ipam", "range": "198.18.160.0/23", "store": "kubernetes"}});
     let wb = Path::new(c.var("PEERS_BIN")).join("whereabouts");
     let px = plexus_tests::plugin_bin("plexus-ipam");
-    let tool = |i: usize| if i % 32 < 16 { (&wb, &wb_conf, "wb") } else { (&px, &px_conf, "px") };
+    let tool = |i: usize| -> (&Path, &Value, &'static str) {
+        if i % 32 < 16 { (&wb, &wb_conf, "wb") } else { (&px, &px_conf, "px") }
+    };
 
     // 500 addresses, 16 clients of each allocator at once.
     const N: usize = 500;
-    let results: Vec<(usize, String)> = std::thread::scope(|s| {
-        let clients: Vec<_> = (0..32)
-            .map(|client| {
-                let (c, tool) = (&c, &tool);
-                s.spawn(move || {
-                    (client..N)
-                        .step_by(32)
-                        .map(|i| {
-                            let (bin, conf, who) = tool(i);
-                            let (cid, pod) = (format!("{who}-c{i}"), format!("pod-{i}"));
-                            let mut attempt = 0;
-                            let r = loop {
-                                let (ok, r) = ipam_run(c, bin, "ADD", &cid, &pod, conf);
-                                if ok {
-                                    break r;
-                                }
-                                // whereabouts times out under this contention (its Lease): as the
-                                // kubelet does, DEL the failed attempt and try again. plexus-ipam
-                                // must not need that.
-                                assert!(who == "wb" && attempt < 10, "{who} ADD {i}: {r}");
-                                eprintln!("whereabouts ADD {i} failed, retried: {r}");
-                                assert!(ipam_run(c, bin, "DEL", &cid, &pod, conf).0);
-                                attempt += 1;
-                            };
-                            (i, r["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().to_string())
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        clients.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let results = concurrent_adds(&c, 32, N, &tool);
     let distinct: BTreeSet<&String> = results.iter().map(|(_, ip)| ip).collect();
     assert_eq!(distinct.len(), N, "every address handed out once");
     // Every address is accounted for in whereabouts' own objects, under the container that got it.
@@ -917,6 +928,23 @@ fn plexus_ipam_and_whereabouts_share_one_pool_on_the_api_server_without_duplicat
         - u32::from(std::net::Ipv4Addr::new(198, 18, 160, 0)))
     .to_string();
     assert_eq!(pool()["spec"]["allocations"][&offset0]["id"], "px-new-sandbox");
+    // plexus's writes leave the pool without the field set that listed every entry again.
+    let (ok, out) = c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "ippools.whereabouts.cni.cncf.io",
+            "198.18.160.0-23",
+            "--show-managed-fields",
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+    let managed = serde_json::from_str::<Value>(&out).unwrap()["metadata"]["managedFields"].clone();
+    assert!(managed.is_null(), "managedFields after a plexus write: {managed}");
     // Released across allocators: plexus-ipam frees that address, whereabouts frees one of plexus's.
     assert!(ipam_run(&c, &px, "DEL", "px-new-sandbox", &format!("pod-{i0}"), &px_conf).0);
     let (i1, ip1) = results.iter().find(|(i, _)| tool(*i).2 == "px").unwrap().clone();
@@ -1233,37 +1261,10 @@ fn with_leader_election_plexus_ipam_waits_for_whereabouts_lease_and_takes_turns_
 
     // Both allocators on the one Lease at once: every address handed out once.
     const N: usize = 64;
-    let tool = |i: usize| if i.is_multiple_of(2) { (&wb, &wb_conf, "wb") } else { (&px, &px_conf, "px") };
-    let got: Vec<(usize, String)> = std::thread::scope(|s| {
-        let clients: Vec<_> = (0..16)
-            .map(|client| {
-                let (c, tool) = (&c, &tool);
-                s.spawn(move || {
-                    (client..N)
-                        .step_by(16)
-                        .map(|i| {
-                            let (bin, conf, who) = tool(i);
-                            let (cid, pod) = (format!("{who}-c{i}"), format!("pod-{i}"));
-                            let mut attempt = 0;
-                            let r = loop {
-                                let (ok, r) = ipam_run(c, bin, "ADD", &cid, &pod, conf);
-                                if ok {
-                                    break r;
-                                }
-                                // whereabouts gives up waiting for its Lease under contention;
-                                // the kubelet would DEL and retry. plexus-ipam must not need it.
-                                assert!(who == "wb" && attempt < 10, "{who} ADD {i}: {r}");
-                                assert!(ipam_run(c, bin, "DEL", &cid, &pod, conf).0);
-                                attempt += 1;
-                            };
-                            (i, r["ips"][0]["address"].as_str().unwrap().to_string())
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        clients.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let tool = |i: usize| -> (&Path, &Value, &'static str) {
+        if i.is_multiple_of(2) { (&wb, &wb_conf, "wb") } else { (&px, &px_conf, "px") }
+    };
+    let got = concurrent_adds(&c, 16, N, &tool);
     let distinct: BTreeSet<&String> = got.iter().map(|(_, ip)| ip).collect();
     assert_eq!(distinct.len(), N, "every address handed out once");
     assert_eq!(c.pool_entries("198.18.174.0-24").len(), N + 2);

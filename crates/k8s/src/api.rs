@@ -18,6 +18,12 @@ use crate::status::{NetworkStatus, annotation_patch};
 /// Attempts of one call when the server answers 5xx or the connection fails.
 const ATTEMPTS: usize = 3;
 
+/// The whole object in JSON.
+pub const ACCEPT_OBJECT: &str = "application/json";
+/// Only the object's metadata (`PartialObjectMetadata`): the server encodes and sends a fraction
+/// of a large object; JSON itself where a server cannot.
+pub const ACCEPT_METADATA: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json";
+
 /// The pod as the meta-plugin needs it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInfo {
@@ -198,13 +204,27 @@ impl ApiClient {
         content_type: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Reply, K8sError> {
+        self.send_accepting(what, method, path, content_type, ACCEPT_OBJECT, body)
+    }
+
+    /// [`ApiClient::send`] asking for the answer in `accept`: [`ACCEPT_METADATA`] has the
+    /// server answer a write with the object's metadata only, for a caller that needs no more.
+    pub fn send_accepting(
+        &self,
+        what: &str,
+        method: http::Method,
+        path: &str,
+        content_type: &str,
+        accept: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Reply, K8sError> {
         let bytes = body.map(|b| serde_json::to_vec(b).expect("json")).unwrap_or_default();
         let request = || {
             let req = http::Request::builder()
                 .method(method.clone())
                 .uri(path)
                 .header(http::header::CONTENT_TYPE, content_type)
-                .header(http::header::ACCEPT, "application/json")
+                .header(http::header::ACCEPT, accept)
                 .body(bytes.clone())
                 .expect("request");
             self.client.request::<serde_json::Value>(req)

@@ -30,7 +30,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use http::Method;
-use plexus_k8s::api::{ApiClient, Reply};
+use plexus_k8s::api::{ACCEPT_METADATA, ApiClient, Reply};
 use serde_json::{Value, json};
 
 use super::kubernetes_spool::{Answer, Spool, Ticket};
@@ -188,10 +188,9 @@ fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, V
                 answers.push(Answer::offset(o, None));
             }
             Some((o, true)) => {
-                let old = pool.allocations[&o].get("id").cloned().unwrap_or(Value::Null);
-                ops.push(json!({"op": "test", "path": format!("{}/id", path(o)), "value": old}));
-                ops.push(json!({"op": "replace", "path": path(o), "value": KubernetesStore::entry(owner)}));
-                answers.push(Answer::offset(o, Some(old.as_str().unwrap_or_default().to_string())));
+                let (take, old) = take_over(pool, o, owner);
+                ops.extend(take);
+                answers.push(Answer::offset(o, Some(old)));
             }
             None => match Candidates::after(range, cursor).find(|o| *o <= MAX_OFFSET && !taken.contains(o)) {
                 Some(o) => {
@@ -219,6 +218,19 @@ fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, V
         });
     }
     (ops, answers)
+}
+
+/// The pod's entry at `offset`, of its earlier container, made `owner`'s (the pod's new sandbox,
+/// so the old sandbox's DEL no longer releases the address the pod uses): the ops, `test`ing it
+/// is still the earlier container's, and that container's ID.
+fn take_over(pool: &Pool, offset: u128, owner: &Owner) -> ([Value; 2], String) {
+    let path = format!("/spec/allocations/{offset}");
+    let old = pool.allocations[&offset].get("id").cloned().unwrap_or(Value::Null);
+    let ops = [
+        json!({"op": "test", "path": format!("{path}/id"), "value": old}),
+        json!({"op": "replace", "path": path, "value": KubernetesStore::entry(owner)}),
+    ];
+    (ops, old.as_str().unwrap_or_default().to_string())
 }
 
 /// Whether a reservation is the attachment's: by container ID when it names one (plexus writes
@@ -294,22 +306,41 @@ impl KubernetesStore {
         Err(unavailable(format!("ippool {name} could not be read")))
     }
 
+    /// Apply `ops` to the pool; `false` when a `test` failed (or the pool is gone). Every write
+    /// also clears the pool's `managedFields` (Kubernetes' documented reset: a list of one empty
+    /// entry): the API server's field set of an object written by plain patches lists every
+    /// entry, so on a 1,000-entry pool it was 45% of the object, decoded, rebuilt and stored
+    /// again on each write. Nothing reads it (pools are never server-side applied). The answer
+    /// is the pool's metadata only: nothing here reads the rest.
     fn patch_pool(&self, pool: &str, ops: &[Value]) -> Result<bool, IpamError> {
         let what = format!("patch ippool {}/{pool}", self.namespace);
+        let mut ops = ops.to_vec();
+        ops.push(json!({"op": "add", "path": "/metadata/managedFields", "value": [{}]}));
         match self
             .api
-            .send(
+            .send_accepting(
                 &what,
                 Method::PATCH,
                 &self.path("ippools", Some(pool)),
                 JSON_PATCH,
-                Some(&Value::Array(ops.to_vec())),
+                ACCEPT_METADATA,
+                Some(&Value::Array(ops)),
             )
             .map_err(unavailable)?
         {
             Reply::Ok(_) => Ok(true),
             Reply::Conflict(_) | Reply::NotFound => Ok(false),
         }
+    }
+
+    /// Remove `owner`'s entry at `offset` (it got it, but cannot keep it).
+    fn give_back(&self, pool: &str, offset: u128, owner: &Owner) -> Result<(), IpamError> {
+        let path = format!("/spec/allocations/{offset}");
+        let back = [
+            json!({"op": "test", "path": format!("{path}/id"), "value": owner.container_id}),
+            json!({"op": "remove", "path": path}),
+        ];
+        self.patch_pool(pool, &back).map(|_| ())
     }
 
     fn entry(owner: &Owner) -> Value {
@@ -400,19 +431,12 @@ impl KubernetesStore {
             if let Some((offset, by_pod)) = pool.held_by(owner) {
                 let ip = range.addr(offset);
                 if by_pod {
-                    // The pod's new sandbox: the entry becomes this container's, so the old
-                    // sandbox's DEL no longer releases the address the pod uses.
-                    let path = format!("/spec/allocations/{offset}");
-                    let old = pool.allocations[&offset].get("id").cloned().unwrap_or(Value::Null);
-                    let ops = [
-                        json!({"op": "test", "path": format!("{path}/id"), "value": old}),
-                        json!({"op": "replace", "path": path, "value": Self::entry(owner)}),
-                    ];
+                    let (ops, old) = take_over(&pool, offset, owner);
                     if !self.patch_pool(&pool.name, &ops)? {
                         continue;
                     }
                     if req.overlapping {
-                        self.reown(ip, old.as_str().unwrap_or_default(), owner)?;
+                        self.reown(ip, &old, owner)?;
                     }
                 } else if req.overlapping {
                     self.reserve(ip, owner)?;
@@ -469,11 +493,7 @@ impl KubernetesStore {
                     return Ok(ip);
                 }
                 // Held through an overlapping range: give the offset back and go on.
-                let back = [
-                    json!({"op": "test", "path": format!("{path}/id"), "value": owner.container_id}),
-                    json!({"op": "remove", "path": path}),
-                ];
-                self.patch_pool(&pool.name, &back)?;
+                self.give_back(&pool.name, offset, owner)?;
                 skip.insert(offset);
             }
             if !tried_any {
@@ -648,12 +668,7 @@ impl KubernetesStore {
                 None if !self.reserve(ip, owner)? => {
                     // Held through an overlapping range: the offset goes back, and the careful way
                     // (which skips such offsets) finds another.
-                    let path = format!("/spec/allocations/{offset}");
-                    let back = [
-                        json!({"op": "test", "path": format!("{path}/id"), "value": owner.container_id}),
-                        json!({"op": "remove", "path": path}),
-                    ];
-                    self.patch_pool(&pool_name(self.network_name.as_deref(), range), &back)?;
+                    self.give_back(&pool_name(self.network_name.as_deref(), range), offset, owner)?;
                     return alone();
                 }
                 None => {}
