@@ -15,10 +15,11 @@
 //! one address, so allocations of different addresses never conflict — also with whereabouts,
 //! whose patches `test` the pool's resourceVersion and retry when plexus wrote in between. A
 //! failed `test` (422) moves on to the next candidate; a deadline bounds it all (code 11).
-//! A node's own writers take turns (a file lock), and an ADD waiting for its turn leaves its request
-//! in the pool's spool: the writer whose turn it is serves every waiting request in its one write
-//! (group commit, [`super::kubernetes_spool`]), so a node's concurrent ADDs on one pool cost one
-//! IPPool write, not one each. Reservations are created by each ADD itself, outside the turn.
+//! A node's own writers take turns (a file lock), and an ADD or DEL waiting for its turn leaves its
+//! request in the pool's spool: the writer whose turn it is serves every waiting request in its
+//! one write (group commit, [`super::kubernetes_spool`]), so a node's concurrent ADDs and DELs on
+//! one pool cost one IPPool write, not one each. Reservations are created by each ADD itself after
+//! its entry, and deleted by each DEL itself before its entry, outside the turn.
 //! `"leaderElection": true` takes whereabouts' `whereabouts` Lease around each change instead, for
 //! operators who want strict equivalence.
 //!
@@ -33,7 +34,7 @@ use http::Method;
 use plexus_k8s::api::{ACCEPT_METADATA, ApiClient, Reply};
 use serde_json::{Value, json};
 
-use super::kubernetes_spool::{Answer, Spool, Ticket};
+use super::kubernetes_spool::{Answer, Kind, Spool, Ticket};
 use super::{AllocRequest, Allocation, Candidates, Owner, Store};
 use crate::config::{DEFAULT_DOMAIN, KubernetesStoreConfig};
 use crate::error::IpamError;
@@ -74,12 +75,21 @@ enum Read {
     Cached,
 }
 
-/// Code 11 once an ADD's deadline has passed with nothing committed in `range`.
+/// Code 11 once an ADD's or DEL's deadline has passed with nothing committed in `range`.
 fn not_past(deadline: Instant, range: &IpRange) -> Result<(), IpamError> {
     if Instant::now() >= deadline {
-        return Err(unavailable(format!("no allocation committed in range {} within {DEADLINE:?}", range.network)));
+        return Err(unavailable(format!("nothing committed in range {} within {DEADLINE:?}", range.network)));
     }
     Ok(())
+}
+
+/// An offset a spool answer names, if it is one of `range`'s network.
+fn spool_offset(offset: &str, range: &IpRange) -> Result<u128, IpamError> {
+    offset
+        .parse::<u128>()
+        .ok()
+        .filter(|o| range.in_network(*o))
+        .ok_or_else(|| IpamError::Store(format!("spool answer: offset {offset:?} is not in {}", range.network)))
 }
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
@@ -149,15 +159,21 @@ impl Pool {
         }
     }
 
+    /// The offsets of the entries of (container, ifname).
+    fn entries_of(&self, container_id: &str, ifname: &str) -> Vec<u128> {
+        let is = |v: &Value, k: &str, want: &str| v.get(k).and_then(Value::as_str) == Some(want);
+        self.allocations
+            .iter()
+            .filter(|(_, v)| is(v, "id", container_id) && is(v, "ifname", ifname))
+            .map(|(o, _)| *o)
+            .collect()
+    }
+
     /// The offset `owner` holds here: by container ID and ifname, or (idempotent ADD, as
     /// whereabouts) by pod and ifname.
     fn held_by(&self, owner: &Owner) -> Option<(u128, bool)> {
         let same = |v: &Value, k: &str, want: &str| v.get(k).and_then(Value::as_str) == Some(want);
-        if let Some((o, _)) = self
-            .allocations
-            .iter()
-            .find(|(_, v)| same(v, "id", &owner.container_id) && same(v, "ifname", &owner.ifname))
-        {
+        if let Some(o) = self.entries_of(&owner.container_id, &owner.ifname).first() {
             return Some((*o, false));
         }
         let pod = owner.pod_ref.as_deref().filter(|p| !p.is_empty())?;
@@ -168,29 +184,50 @@ impl Pool {
     }
 }
 
-/// One write for several owners of one pool: each gets the offset it holds (an entry of the pod's
-/// earlier container is taken over) or the next free one after the cursor, every answer guarded
-/// by a `test` (a new entry's offset still absent, a held entry still the owner's). The JSON
-/// Patch (only `test`s when nothing is new: the server writes nothing then) and each owner's
-/// answer, in order.
-fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, Vec<Answer>) {
+/// One request of a batch: an owner wanting an address (ADD) or giving its entries up (DEL).
+type Request<'a> = (Kind, &'a Owner);
+
+/// What one write does for a batch.
+struct Plan {
+    /// The JSON Patch (only `test`s when nothing changes: the server writes nothing then).
+    ops: Vec<Value>,
+    /// Each request's answer, in order.
+    answers: Vec<Answer>,
+    /// Some answer rests on something the read did not show (the range full, nothing to
+    /// release), which no `test` can check: believed only from etcd's copy.
+    unguarded: bool,
+}
+
+/// One write for several requests on one pool. An ADD's owner gets the offset it holds (an entry
+/// of the pod's earlier container is taken over) or the next free one after the cursor; a DEL's
+/// owner has its entries removed. Every answer is guarded by a `test` (a new entry's offset still
+/// absent, a held or removed entry still the owner's). ADDs are planned first: a DEL of the
+/// container whose entry an ADD of the pod's new sandbox takes over in the same write releases
+/// nothing, as it would after that ADD. Offsets released here are not handed out again in the
+/// same write.
+fn plan_batch(pool: &Pool, range: &IpRange, requests: &[Request<'_>]) -> Plan {
     let mut ops = Vec::new();
-    let mut answers = Vec::new();
+    let mut answers: Vec<Option<Answer>> = vec![None; requests.len()];
+    let mut unguarded = false;
     let mut taken: std::collections::BTreeSet<u128> = pool.allocations.keys().copied().collect();
+    let mut claimed = std::collections::BTreeSet::new();
     let mut cursor = pool.cursor;
     let mut added = false;
-    for owner in owners {
-        let path = |o: u128| format!("/spec/allocations/{o}");
+    let path = |o: u128| format!("/spec/allocations/{o}");
+    for (i, (_, owner)) in requests.iter().enumerate().filter(|(_, (k, _))| *k == Kind::Add) {
+        let answer = &mut answers[i];
         match pool.held_by(owner) {
             Some((o, false)) => {
                 // Still the owner's when the write lands (the read may be the cache's).
                 ops.push(json!({"op": "test", "path": format!("{}/id", path(o)), "value": owner.container_id}));
-                answers.push(Answer::offset(o, None));
+                claimed.insert(o);
+                *answer = Some(Answer::offset(o, None));
             }
             Some((o, true)) => {
                 let (take, old) = take_over(pool, o, owner);
                 ops.extend(take);
-                answers.push(Answer::offset(o, Some(old)));
+                claimed.insert(o);
+                *answer = Some(Answer::offset(o, Some(old)));
             }
             None => match Candidates::after(range, cursor).find(|o| *o <= MAX_OFFSET && !taken.contains(o)) {
                 Some(o) => {
@@ -202,11 +239,24 @@ fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, V
                     ops.push(json!({"op": "add", "path": path(o), "value": KubernetesStore::entry(owner)}));
                     taken.insert(o);
                     cursor = Some(o);
-                    answers.push(Answer::offset(o, None));
+                    *answer = Some(Answer::offset(o, None));
                 }
-                None => answers.push(Answer::Exhausted),
+                None => {
+                    unguarded = true;
+                    *answer = Some(Answer::Exhausted);
+                }
             },
         }
+    }
+    for (i, (_, owner)) in requests.iter().enumerate().filter(|(_, (k, _))| *k == Kind::Release) {
+        let held = pool.entries_of(&owner.container_id, &owner.ifname);
+        unguarded |= held.is_empty();
+        let mine: Vec<u128> = held.into_iter().filter(|o| !claimed.contains(o)).collect();
+        for o in &mine {
+            ops.push(json!({"op": "test", "path": format!("{}/id", path(*o)), "value": owner.container_id}));
+            ops.push(json!({"op": "remove", "path": path(*o)}));
+        }
+        answers[i] = Some(Answer::Released { offsets: mine.iter().map(u128::to_string).collect() });
     }
     if added && let Some(c) = cursor {
         let c = json!(c.to_string());
@@ -217,7 +267,7 @@ fn plan_batch(pool: &Pool, range: &IpRange, owners: &[&Owner]) -> (Vec<Value>, V
             false => json!({"op": "add", "path": "/metadata/annotations", "value": {CURSOR_ANNOTATION: c}}),
         });
     }
-    (ops, answers)
+    Plan { ops, answers: answers.into_iter().map(|a| a.expect("every request answered")).collect(), unguarded }
 }
 
 /// The pod's entry at `offset`, of its earlier container, made `owner`'s (the pod's new sandbox,
@@ -276,10 +326,10 @@ impl KubernetesStore {
         }
     }
 
-    /// The pool of `range`, created (empty) when it does not exist yet. `Read::Cached` takes it
-    /// from the API server's watch cache (no etcd read; maybe a moment old), for a write whose
-    /// every answer its `test`s check.
-    fn pool(&self, range: &IpRange, read: Read) -> Result<Pool, IpamError> {
+    /// The pool of `range`; when it does not exist yet, created (empty) if `create`, else
+    /// `None`. `Read::Cached` takes it from the API server's watch cache (no etcd read; maybe a
+    /// moment old), for a write whose every answer its `test`s check.
+    fn pool(&self, range: &IpRange, read: Read, create: bool) -> Result<Option<Pool>, IpamError> {
         let name = pool_name(self.network_name.as_deref(), range);
         let mut path = self.path("ippools", Some(&name));
         if read == Read::Cached {
@@ -288,7 +338,8 @@ impl KubernetesStore {
         for _ in 0..3 {
             let what = format!("get ippool {}/{name}", self.namespace);
             match self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
-                Reply::Ok(obj) => return Ok(Pool::from_object(&name, &obj, range)),
+                Reply::Ok(obj) => return Ok(Some(Pool::from_object(&name, &obj, range))),
+                Reply::NotFound if !create => return Ok(None),
                 Reply::NotFound => {
                     let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
                         "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
@@ -427,7 +478,7 @@ impl KubernetesStore {
         let mut skip = std::collections::BTreeSet::new();
         loop {
             not_past(deadline, range)?;
-            let pool = self.pool(range, Read::Latest)?;
+            let pool = self.pool(range, Read::Latest, true)?.expect("created");
             if let Some((offset, by_pod)) = pool.held_by(owner) {
                 let ip = range.addr(offset);
                 if by_pod {
@@ -518,40 +569,19 @@ impl KubernetesStore {
         first: &dyn Fn(&Allocation) -> Result<(), IpamError>,
     ) -> Result<Vec<Allocation>, IpamError> {
         loop {
-            if Instant::now() >= deadline {
-                return Err(unavailable(format!(
-                    "release in range {} not committed within {DEADLINE:?}",
-                    range.network
-                )));
-            }
-            let name = pool_name(self.network_name.as_deref(), range);
-            let what = format!("get ippool {}/{name}", self.namespace);
-            let pool = match self
-                .api
-                .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
-                .map_err(unavailable)?
-            {
-                Reply::Ok(obj) => Pool::from_object(&name, &obj, range),
-                _ => return Ok(Vec::new()),
-            };
-            let mine: Vec<(u128, Value)> = pool
-                .allocations
-                .iter()
-                .filter(|(_, v)| {
-                    v.get("id").and_then(Value::as_str) == Some(container_id)
-                        && v.get("ifname").and_then(Value::as_str) == Some(ifname)
-                })
-                .map(|(o, v)| (*o, v.clone()))
-                .collect();
+            not_past(deadline, range)?;
+            let Some(pool) = self.pool(range, Read::Latest, false)? else { return Ok(Vec::new()) };
+            let mine = pool.entries_of(container_id, ifname);
             if mine.is_empty() {
                 return Ok(Vec::new());
             }
-            let released: Vec<Allocation> = mine.iter().map(|(o, v)| self.allocation(range, *o, v)).collect();
+            let released: Vec<Allocation> =
+                mine.iter().map(|o| self.allocation(range, *o, &pool.allocations[o])).collect();
             for a in &released {
                 first(a)?;
             }
             let mut ops = Vec::new();
-            for (o, _) in &mine {
+            for o in &mine {
                 ops.push(json!({"op": "test", "path": format!("/spec/allocations/{o}/id"), "value": container_id}));
                 ops.push(json!({"op": "remove", "path": format!("/spec/allocations/{o}")}));
             }
@@ -561,45 +591,156 @@ impl KubernetesStore {
         }
     }
 
-    /// Commit [`plan_batch`] for `owners`, reading the pool again (from etcd) whenever another
-    /// writer changed it in between (a failed `test`); each owner's answer. The first read is
+    /// The entries of (`owner`'s container, ifname) in `range`'s pool as it is now: the watch
+    /// cache's copy, or etcd's when that shows none.
+    fn held_entries(&self, range: &IpRange, owner: &Owner) -> Result<Vec<Allocation>, IpamError> {
+        let mut held = Vec::new();
+        for read in [Read::Cached, Read::Latest] {
+            if let Some(pool) = self.pool(range, read, false)? {
+                held = pool
+                    .entries_of(&owner.container_id, &owner.ifname)
+                    .iter()
+                    .map(|o| self.allocation(range, *o, &pool.allocations[o]))
+                    .collect();
+            }
+            if !held.is_empty() {
+                break;
+            }
+        }
+        Ok(held)
+    }
+
+    /// The attachment's entries of `range` released: their reservations first (a DEL killed
+    /// in between finds the entries again and finishes), then the entries themselves, through
+    /// the spool (one write with every request waiting). Always through the node's turn, even
+    /// when no entry shows: a write that served this container while it was dying may still be
+    /// landing, and the turn comes after it. With whereabouts' Lease, one at a time.
+    fn release_one(&self, range: &IpRange, owner: &Owner, deadline: Instant) -> Result<Vec<Allocation>, IpamError> {
+        let (cid, ifname) = (owner.container_id.as_str(), owner.ifname.as_str());
+        let alone = || self.locked(cid, || self.release_in(range, cid, ifname, deadline, &|a| self.unreserve(a)));
+        if self.leader_election {
+            return alone();
+        }
+        let held = self.held_entries(range, owner)?;
+        for a in &held {
+            self.unreserve(a)?;
+        }
+        let Some(answer) = self.through_spool(range, Kind::Release, owner, deadline) else { return alone() };
+        let Answer::Released { offsets } = answer? else {
+            return Err(IpamError::Store("spool answer: an address for a DEL".into()));
+        };
+        let mut released = Vec::new();
+        for offset in offsets {
+            let ip = range.addr(spool_offset(&offset, range)?);
+            match held.iter().find(|a| a.ip == ip) {
+                Some(a) => released.push(a.clone()),
+                None => {
+                    // Not in the pool as read before (that read was a moment old): its
+                    // reservation goes after it.
+                    let a = Allocation { ip, range: range.key(), owner: owner.clone() };
+                    self.unreserve(&a)?;
+                    released.push(a);
+                }
+            }
+        }
+        Ok(released)
+    }
+
+    /// Commit [`plan_batch`] for `requests`, reading the pool again (from etcd) whenever another
+    /// writer changed it in between (a failed `test`); each request's answer. The first read is
     /// the watch cache's: the patch `test`s every answer, so a stale read fails it instead of
-    /// handing out what it shows.
-    fn commit_batch(&self, range: &IpRange, owners: &[&Owner], deadline: Instant) -> Result<Vec<Answer>, IpamError> {
+    /// handing out what it shows; what no `test` can check is believed only from etcd.
+    fn commit_batch(
+        &self,
+        range: &IpRange,
+        requests: &[Request<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Answer>, IpamError> {
         let mut read = Read::Cached;
+        // A pool is created for an ADD only: a batch of DELs on a missing pool releases nothing.
+        let create = requests.iter().any(|(k, _)| *k == Kind::Add);
         loop {
             not_past(deadline, range)?;
-            let pool = self.pool(range, read)?;
-            let (ops, answers) = plan_batch(&pool, range, owners);
-            match ops.is_empty() {
-                // Nothing to test (the range is full): only etcd's copy says so.
-                true if read == Read::Latest => return Ok(answers),
-                true => {}
-                false if self.patch_pool(&pool.name, &ops)? => return Ok(answers),
-                false => {}
+            let Some(pool) = self.pool(range, read, create)? else {
+                return Ok(requests.iter().map(|_| Answer::Released { offsets: Vec::new() }).collect());
+            };
+            let plan = plan_batch(&pool, range, requests);
+            if !(plan.unguarded && read == Read::Cached)
+                && (plan.ops.is_empty() || self.patch_pool(&pool.name, &plan.ops)?)
+            {
+                return Ok(plan.answers);
             }
             read = Read::Latest;
         }
     }
 
-    /// This node's spool for `range`'s pool, and `owner`'s request in it; `None` (after saying
-    /// why) when the ADD is to go without it.
-    fn enqueue(&self, range: &IpRange, owner: &Owner) -> Option<(Spool, Ticket)> {
+    /// This node's spool for `range`'s pool, and `owner`'s request of `kind` in it; `None`
+    /// (after saying why) when the request is to go without it.
+    fn enqueue(&self, range: &IpRange, kind: Kind, owner: &Owner) -> Option<(Spool, Ticket)> {
         let dir = self.node_lock.parent()?;
         let pool = pool_name(self.network_name.as_deref(), range);
         let spool = Spool::open(dir, &self.namespace, &pool, &format!("{range:?}"));
-        match spool.and_then(|s| s.enqueue(owner).map(|t| t.map(|t| (s, t)))) {
+        match spool.and_then(|s| s.enqueue(kind, owner).map(|t| t.map(|t| (s, t)))) {
             Ok(queued) => queued,
             Err(e) => {
-                tracing::warn!("spool of ippool {pool} in {}: {e}: allocating alone", dir.display());
+                tracing::warn!("spool of ippool {pool} in {}: {e}: going alone", dir.display());
                 None
             }
         }
     }
 
-    /// One address of `range` for `req.owner`: through the spool (served by whoever has the
-    /// node's turn, maybe this ADD, together with every other ADD waiting), then the owner's
-    /// reservation outside the turn. A requested address, whereabouts' Lease, or a reservation an
+    /// `owner`'s request of `kind` on `range`'s pool, served by whoever has the node's turn
+    /// (maybe this process) together with every other request waiting; `None` when the spool
+    /// cannot take it (the caller goes alone).
+    fn through_spool(
+        &self,
+        range: &IpRange,
+        kind: Kind,
+        owner: &Owner,
+        deadline: Instant,
+    ) -> Option<Result<Answer, IpamError>> {
+        let (spool, ticket) = self.enqueue(range, kind, owner)?;
+        // The answer a leader leaves, or the turn to be the leader: whichever comes first. A
+        // served request goes on without waiting for the turn (behind the next leader's write).
+        let served = || -> Result<Answer, IpamError> {
+            let mut pause = ANSWER_POLL;
+            loop {
+                if let Some(answer) = ticket.answer() {
+                    return Ok(answer);
+                }
+                let Some(_turn) = self.turn(false)? else {
+                    not_past(deadline, range)?;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(ANSWER_POLL_MAX);
+                    continue;
+                };
+                if let Some(answer) = ticket.answer() {
+                    return Ok(answer);
+                }
+                let waiting = spool.waiting(&ticket).unwrap_or_else(|e| {
+                    tracing::warn!("spool of range {}: {e}: serving this request alone", range.network);
+                    Vec::new()
+                });
+                let requests: Vec<Request<'_>> =
+                    std::iter::once((kind, owner)).chain(waiting.iter().map(|w| (w.kind, &w.owner))).collect();
+                let answers = self.commit_batch(range, &requests, deadline)?;
+                if !waiting.is_empty() {
+                    tracing::debug!(served = waiting.len(), range = %range.network, "one write for the requests waiting");
+                }
+                for (w, a) in waiting.iter().zip(&answers[1..]) {
+                    if let Err(e) = spool.answer(w, a) {
+                        // It is served again when its turn comes (every plan is idempotent).
+                        tracing::warn!("answer for {}: {e}", w.owner.container_id);
+                    }
+                }
+                return Ok(answers[0].clone());
+            }
+        };
+        Some(served())
+    }
+
+    /// One address of `range` for `req.owner`: through the spool, then the owner's reservation
+    /// outside the turn. A requested address, whereabouts' Lease, or a reservation an
     /// overlapping range holds take the one-at-a-time way.
     fn allocate_one(
         &self,
@@ -614,52 +755,12 @@ impl KubernetesStore {
         if requested.is_some() || self.leader_election {
             return alone();
         }
-        let Some((spool, ticket)) = self.enqueue(range, owner) else { return alone() };
-        // The answer a leader leaves, or the turn to be the leader: whichever comes first. A
-        // served ADD goes on without waiting for the turn (behind the next leader's whole write).
-        let mut pause = ANSWER_POLL;
-        let answer = loop {
-            if let Some(answer) = ticket.answer() {
-                break answer;
-            }
-            let Some(_turn) = self.turn(false)? else {
-                not_past(deadline, range)?;
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(ANSWER_POLL_MAX);
-                continue;
-            };
-            if let Some(answer) = ticket.answer() {
-                break answer;
-            }
-            let waiting = spool.waiting(&ticket).unwrap_or_else(|e| {
-                tracing::warn!("spool of range {}: {e}: serving this ADD alone", range.network);
-                Vec::new()
-            });
-            let owners: Vec<&Owner> = std::iter::once(owner).chain(waiting.iter().map(|w| &w.owner)).collect();
-            let answers = self.commit_batch(range, &owners, deadline)?;
-            if !waiting.is_empty() {
-                tracing::debug!(served = waiting.len(), range = %range.network, "one write for the ADDs waiting");
-            }
-            for (w, a) in waiting.iter().zip(&answers[1..]) {
-                if let Err(e) = spool.answer(w, a) {
-                    // It finds its entry by itself when its turn comes.
-                    tracing::warn!("answer for {}: {e}", w.owner.container_id);
-                }
-            }
-            break answers[0].clone();
-        };
-        drop(ticket);
+        let Some(answer) = self.through_spool(range, Kind::Add, owner, deadline) else { return alone() };
+        let answer = answer?;
         let (offset, reown_from) = match answer {
             Answer::Exhausted => return Err(IpamError::Exhausted { range: range.network.to_string() }),
-            Answer::Offset { offset, reown_from } => match offset.parse::<u128>() {
-                Ok(o) if range.in_network(o) => (o, reown_from),
-                _ => {
-                    return Err(IpamError::Store(format!(
-                        "spool answer: offset {offset:?} is not in {}",
-                        range.network
-                    )));
-                }
-            },
+            Answer::Offset { offset, reown_from } => (spool_offset(&offset, range)?, reown_from),
+            Answer::Released { .. } => return Err(IpamError::Store("spool answer: a release for an ADD".into())),
         };
         let ip = range.addr(offset);
         if req.overlapping {
@@ -781,16 +882,18 @@ impl Store for KubernetesStore {
 
     fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
         let deadline = Instant::now() + DEADLINE;
-        self.locked(container_id, || {
-            let mut all = Vec::new();
-            for range in &self.ranges {
-                let unreserve = |a: &Allocation| self.retrying(deadline, || self.unreserve(a));
-                all.extend(
-                    self.retrying(deadline, || self.release_in(range, container_id, ifname, deadline, &unreserve))?,
-                );
-            }
-            Ok(all)
-        })
+        let owner = Owner {
+            container_id: container_id.to_string(),
+            ifname: ifname.to_string(),
+            pod_ref: None,
+            node: String::new(),
+            network: self.network.clone(),
+        };
+        let mut all = Vec::new();
+        for range in &self.ranges {
+            all.extend(self.retrying(deadline, || self.release_one(range, &owner, deadline))?);
+        }
+        Ok(all)
     }
 
     fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
@@ -935,7 +1038,10 @@ mod tests {
             owner("c-b", "default/b"),
             owner("c-c", "default/c"),
         );
-        let (ops, answers) = plan_batch(&pool, &r, &[&a, &held, &moved, &b, &c]);
+        let add = |o| (Kind::Add, o);
+        let Plan { ops, answers, unguarded } =
+            plan_batch(&pool, &r, &[add(&a), add(&held), add(&moved), add(&b), add(&c)]);
+        assert!(!unguarded);
         assert_eq!(
             answers,
             [
@@ -964,12 +1070,13 @@ mod tests {
         );
         // A full range: the one left over is told so, the others still get theirs.
         let d = owner("c-d", "default/d");
-        let (_, answers) = plan_batch(&pool, &r, &[&a, &b, &c, &d]);
-        assert_eq!(answers[3], Answer::Exhausted);
+        let plan = plan_batch(&pool, &r, &[add(&a), add(&b), add(&c), add(&d)]);
+        assert_eq!(plan.answers[3], Answer::Exhausted);
+        assert!(plan.unguarded, "only etcd's copy says the range is full");
         // Only held entries: nothing to write, only that they are still held to check.
-        let (ops, answers) = plan_batch(&pool, &r, &[&held]);
-        assert_eq!(ops, [json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-held"})]);
-        assert_eq!(answers, [Answer::offset(2, None)]);
+        let plan = plan_batch(&pool, &r, &[add(&held)]);
+        assert_eq!(plan.ops, [json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-held"})]);
+        assert_eq!(plan.answers, [Answer::offset(2, None)]);
         // A full range and nobody served: no patch to send (only a read from etcd says "full").
         let full = Pool::from_object(
             "p",
@@ -977,9 +1084,61 @@ mod tests {
             "1": {"id": "x1"}, "2": {"id": "x2"}, "3": {"id": "x3"}, "4": {"id": "x4"}, "5": {"id": "x5"}, "6": {"id": "x6"}}}}),
             &r,
         );
-        let (ops, answers) = plan_batch(&full, &r, &[&a]);
-        assert!(ops.is_empty());
-        assert_eq!(answers, [Answer::Exhausted]);
+        let plan = plan_batch(&full, &r, &[add(&a)]);
+        assert!(plan.ops.is_empty() && plan.unguarded);
+        assert_eq!(plan.answers, [Answer::Exhausted]);
+    }
+
+    #[test]
+    fn dels_share_the_write_with_adds_each_entry_removed_under_a_test_of_its_owner() {
+        let r = range("198.18.0.0/29"); // offsets 1..=6
+        let obj = json!({"metadata": {"annotations": {"ipam.plexus.io/next": "4"}},
+            "spec": {"allocations": {
+                "2": {"id": "c-gone", "podref": "default/gone", "ifname": "net1"},
+                "3": {"id": "c-old", "podref": "default/moved", "ifname": "net1"},
+                "4": {"id": "c-gone", "podref": "default/gone", "ifname": "net2"}}}});
+        let pool = Pool::from_object("p", &obj, &r);
+        let (gone, a, old, moved, never) = (
+            owner("c-gone", "default/gone"),
+            owner("c-a", "default/a"),
+            owner("c-old", "default/moved"),
+            owner("c-new", "default/moved"),
+            owner("c-never", "default/never"),
+        );
+        let plan = plan_batch(
+            &pool,
+            &r,
+            &[(Kind::Release, &gone), (Kind::Add, &a), (Kind::Release, &old), (Kind::Add, &moved)],
+        );
+        assert_eq!(
+            plan.answers,
+            [
+                Answer::Released { offsets: vec!["2".into()] }, // net2's entry is another attachment's
+                Answer::offset(5, None),                        // offset 2 is freed by this write, not handed out in it
+                // The pod's new sandbox took the old container's entry over in the same write:
+                // the old sandbox's DEL releases nothing, as after that ADD.
+                Answer::Released { offsets: vec![] },
+                Answer::offset(3, Some("c-old".into())),
+            ]
+        );
+        assert!(!plan.unguarded, "every answer rests on an entry the read showed");
+        let entry = |o: &Owner| json!({"id": o.container_id, "podref": o.pod_ref, "ifname": "net1"});
+        assert_eq!(
+            plan.ops,
+            [
+                json!({"op": "test", "path": "/spec/allocations/5", "value": null}),
+                json!({"op": "add", "path": "/spec/allocations/5", "value": entry(&a)}),
+                json!({"op": "test", "path": "/spec/allocations/3/id", "value": "c-old"}),
+                json!({"op": "replace", "path": "/spec/allocations/3", "value": entry(&moved)}),
+                json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-gone"}),
+                json!({"op": "remove", "path": "/spec/allocations/2"}),
+                json!({"op": "add", "path": "/metadata/annotations/ipam.plexus.io~1next", "value": "5"}),
+            ]
+        );
+        // Nothing of the container in the read: only etcd's copy may say so.
+        let plan = plan_batch(&pool, &r, &[(Kind::Release, &never)]);
+        assert!(plan.ops.is_empty() && plan.unguarded);
+        assert_eq!(plan.answers, [Answer::Released { offsets: vec![] }]);
     }
 
     #[test]
@@ -987,7 +1146,7 @@ mod tests {
         let r = range("198.18.0.0/24");
         let pool = Pool::from_object("p", &json!({"spec": {"range": "198.18.0.0/24"}}), &r);
         let (a, b) = (owner("c-a", "default/a"), owner("c-b", "default/b"));
-        let (ops, answers) = plan_batch(&pool, &r, &[&a, &b]);
+        let Plan { ops, answers, .. } = plan_batch(&pool, &r, &[(Kind::Add, &a), (Kind::Add, &b)]);
         assert_eq!(answers, [Answer::offset(1, None), Answer::offset(2, None)]);
         assert_eq!(ops[0], json!({"op": "add", "path": "/spec/allocations", "value": {}}));
         assert_eq!(ops.iter().filter(|o| o["path"] == "/spec/allocations").count(), 1);

@@ -1,18 +1,20 @@
-//! Group commit for the `kubernetes` store: a node's ADDs waiting for their turn on one pool are
-//! served by one IPPool write.
+//! Group commit for the `kubernetes` store: a node's ADDs and DELs waiting for their turn on one
+//! pool are served by one IPPool write.
 //!
 //! Every allocation rewrites the whole IPPool (whereabouts' format: one object per range), and
 //! the API server applies the writes to one object one at a time, so one write per address is
-//! the floor of a pool's throughput. Instead, an ADD leaves its request in the pool's spool
-//! before it waits for the node's turn (the file lock); whoever gets the turn first (the
+//! the floor of a pool's throughput. Instead, an ADD or DEL leaves its request in the pool's
+//! spool before it waits for the node's turn (the file lock); whoever gets the turn first (the
 //! leader) serves every request waiting there in one JSON Patch and leaves each its answer. A
-//! waiting ADD looks for its answer and for a free turn alike, so a served ADD goes on at once
-//! instead of waiting behind the next leader's write.
+//! waiting request looks for its answer and for a free turn alike, so a served one goes on at
+//! once instead of waiting behind the next leader's write.
 //!
 //! ```text
 //! <data root>/.plexus-ipam-kubernetes.spool/<pool key>/
-//!   <attachment>.req   the waiting ADD's owner (JSON), flock'ed by its process while it waits
+//!   <attachment>.req   a waiting ADD's owner (JSON), flock'ed by its process while it waits
 //!   <attachment>.res   the leader's answer: the offset, or that the range is full
+//!   <attachment>.rel   a waiting DEL's owner, flock'ed likewise
+//!   <attachment>.out   the leader's answer: the offsets it removed
 //! ```
 //!
 //! A request whose process died (its lock is free) is never served: the leader removes it. The
@@ -34,8 +36,27 @@ use super::Owner;
 
 /// The spools' directory in the node lock's directory.
 const SPOOLS: &str = ".plexus-ipam-kubernetes.spool";
-const REQUEST: &str = "req";
-const ANSWER: &str = "res";
+
+/// What a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An address (ADD).
+    Add,
+    /// The attachment's entries removed (DEL).
+    Release,
+}
+
+impl Kind {
+    const ALL: [Kind; 2] = [Kind::Add, Kind::Release];
+
+    /// The request's and the answer's file extensions.
+    fn extensions(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Add => ("req", "res"),
+            Kind::Release => ("rel", "out"),
+        }
+    }
+}
 /// A request file a process did not finish writing is this old before a leader removes it.
 const STALE_TEMP: Duration = Duration::from_secs(60);
 
@@ -53,6 +74,8 @@ pub enum Answer {
     },
     /// No free address was left in the range.
     Exhausted,
+    /// The offsets of the attachment's entries the write removed (none: it held none).
+    Released { offsets: Vec<String> },
 }
 
 impl Answer {
@@ -76,6 +99,7 @@ pub struct Ticket {
 
 /// A live request of another process, waiting for its answer.
 pub struct Waiting {
+    pub kind: Kind,
     pub owner: Owner,
     answer: PathBuf,
 }
@@ -115,17 +139,18 @@ impl Spool {
         Ok(Spool { dir })
     }
 
-    fn paths(&self, owner: &Owner) -> (String, PathBuf, PathBuf) {
+    fn paths(&self, kind: Kind, owner: &Owner) -> (String, PathBuf, PathBuf) {
         let name = hex16(&[&owner.container_id, &owner.ifname]);
-        let request = self.dir.join(format!("{name}.{REQUEST}"));
-        let answer = self.dir.join(format!("{name}.{ANSWER}"));
+        let (req, res) = kind.extensions();
+        let request = self.dir.join(format!("{name}.{req}"));
+        let answer = self.dir.join(format!("{name}.{res}"));
         (name, request, answer)
     }
 
-    /// Leave `owner`'s request. `None` when a live request of the same attachment is already
-    /// there (a second ADD of it at once): that one goes without the spool.
-    pub fn enqueue(&self, owner: &Owner) -> std::io::Result<Option<Ticket>> {
-        let (name, request, answer) = self.paths(owner);
+    /// Leave `owner`'s request. `None` when a live request of the same kind for the same
+    /// attachment is already there (a second ADD of it at once): that one goes without the spool.
+    pub fn enqueue(&self, kind: Kind, owner: &Owner) -> std::io::Result<Option<Ticket>> {
+        let (name, request, answer) = self.paths(kind, owner);
         match open_nofollow(&request) {
             Ok(f) if held(&f) => return Ok(None),
             Ok(_) => {
@@ -138,7 +163,7 @@ impl Spool {
         }
         remove(&answer)?;
         // Locked before it is visible under its name, so a leader never takes it for dead.
-        let temp = self.dir.join(format!(".{name}.tmp{}", std::process::id()));
+        let temp = self.dir.join(format!(".{name}.{}.tmp{}", kind.extensions().0, std::process::id()));
         remove(&temp)?;
         let mut file = create_private(&temp)?;
         file.lock()?;
@@ -166,9 +191,10 @@ impl Spool {
                 }
                 continue;
             }
-            let Some(stem) = file_name.strip_suffix(&format!(".{REQUEST}")) else {
-                if let Some(stem) = file_name.strip_suffix(&format!(".{ANSWER}"))
-                    && !self.dir.join(format!("{stem}.{REQUEST}")).exists()
+            let Some((stem, ext)) = file_name.rsplit_once('.') else { continue };
+            let Some(kind) = Kind::ALL.into_iter().find(|k| k.extensions().0 == ext) else {
+                if let Some(k) = Kind::ALL.into_iter().find(|k| k.extensions().1 == ext)
+                    && !self.dir.join(format!("{stem}.{}", k.extensions().0)).exists()
                 {
                     remove(&path)?; // an answer whose request is gone
                 }
@@ -177,7 +203,7 @@ impl Spool {
             if path == mine.request {
                 continue;
             }
-            let answer = self.dir.join(format!("{stem}.{ANSWER}"));
+            let answer = self.dir.join(format!("{stem}.{}", kind.extensions().1));
             let mut file = match open_nofollow(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -194,7 +220,7 @@ impl Spool {
             let mut body = Vec::new();
             file.read_to_end(&mut body)?;
             match serde_json::from_slice::<Owner>(&body) {
-                Ok(owner) => live.push(Waiting { owner, answer }),
+                Ok(owner) => live.push(Waiting { kind, owner, answer }),
                 Err(e) => tracing::warn!("{}: unreadable request, not served: {e}", path.display()),
             }
         }
@@ -257,7 +283,7 @@ mod tests {
 
     /// A request as a process that died while waiting leaves it: in place, nobody holding its lock.
     fn left_by_a_dead_process(spool: &Spool, c: &str) {
-        let (_, request, answer) = spool.paths(&owner(c));
+        let (_, request, answer) = spool.paths(Kind::Add, &owner(c));
         std::fs::write(&request, serde_json::to_vec(&owner(c)).unwrap()).unwrap();
         std::fs::write(answer, serde_json::to_vec(&Answer::offset(3, None)).unwrap()).unwrap();
     }
@@ -266,9 +292,9 @@ mod tests {
     fn a_leader_sees_the_live_requests_and_each_finds_its_answer() {
         let root = tempfile::tempdir().unwrap();
         let spool = Spool::open(root.path(), "kube-system", "198.18.0.0-24", "r").unwrap();
-        let leader = spool.enqueue(&owner("a")).unwrap().unwrap();
-        let b = spool.enqueue(&owner("b")).unwrap().unwrap();
-        let c = spool.enqueue(&owner("c")).unwrap().unwrap();
+        let leader = spool.enqueue(Kind::Add, &owner("a")).unwrap().unwrap();
+        let b = spool.enqueue(Kind::Add, &owner("b")).unwrap().unwrap();
+        let c = spool.enqueue(Kind::Add, &owner("c")).unwrap().unwrap();
         let mut waiting = spool.waiting(&leader).unwrap();
         waiting.sort_by(|x, y| x.owner.container_id.cmp(&y.owner.container_id));
         let ids: Vec<&str> = waiting.iter().map(|w| w.owner.container_id.as_str()).collect();
@@ -286,17 +312,38 @@ mod tests {
     }
 
     #[test]
+    fn adds_and_dels_wait_side_by_side_and_each_finds_only_its_own_answer() {
+        let root = tempfile::tempdir().unwrap();
+        let spool = Spool::open(root.path(), "ns", "pool", "r").unwrap();
+        let leader = spool.enqueue(Kind::Add, &owner("a")).unwrap().unwrap();
+        let add = spool.enqueue(Kind::Add, &owner("b")).unwrap().unwrap();
+        let del = spool.enqueue(Kind::Release, &owner("b")).unwrap().unwrap();
+        let mut waiting = spool.waiting(&leader).unwrap();
+        waiting.sort_by_key(|w| w.kind == Kind::Release);
+        let seen: Vec<(Kind, &str)> = waiting.iter().map(|w| (w.kind, w.owner.container_id.as_str())).collect();
+        assert_eq!(seen, [(Kind::Add, "b"), (Kind::Release, "b")]);
+        let released = Answer::Released { offsets: vec!["4".into()] };
+        spool.answer(&waiting[1], &released).unwrap();
+        assert_eq!(add.answer(), None, "the DEL's answer is not the ADD's");
+        assert_eq!(del.answer(), Some(released));
+        let left: Vec<Kind> = spool.waiting(&leader).unwrap().iter().map(|w| w.kind).collect();
+        assert_eq!(left, [Kind::Add], "the answered DEL is not served twice");
+        drop(del);
+        assert_eq!(spool.enqueue(Kind::Release, &owner("b")).unwrap().unwrap().answer(), None, "no old answer");
+    }
+
+    #[test]
     fn a_request_whose_process_died_is_never_served_and_is_removed() {
         let root = tempfile::tempdir().unwrap();
         let spool = Spool::open(root.path(), "ns", "pool", "r").unwrap();
         left_by_a_dead_process(&spool, "dead");
-        let leader = spool.enqueue(&owner("a")).unwrap().unwrap();
+        let leader = spool.enqueue(Kind::Add, &owner("a")).unwrap().unwrap();
         assert!(spool.waiting(&leader).unwrap().is_empty());
         let left: Vec<_> = std::fs::read_dir(&spool.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left.len(), 1, "the dead request was removed: {left:?}");
         // The same attachment again (the runtime's retry) gets a fresh request, no old answer.
         left_by_a_dead_process(&spool, "again");
-        let again = spool.enqueue(&owner("again")).unwrap().unwrap();
+        let again = spool.enqueue(Kind::Add, &owner("again")).unwrap().unwrap();
         assert_eq!(again.answer(), None);
     }
 
@@ -304,9 +351,9 @@ mod tests {
     fn a_second_live_request_of_one_attachment_goes_without_the_spool() {
         let root = tempfile::tempdir().unwrap();
         let spool = Spool::open(root.path(), "ns", "pool", "r").unwrap();
-        let first = spool.enqueue(&owner("a")).unwrap();
+        let first = spool.enqueue(Kind::Add, &owner("a")).unwrap();
         assert!(first.is_some());
-        assert!(spool.enqueue(&owner("a")).unwrap().is_none());
+        assert!(spool.enqueue(Kind::Add, &owner("a")).unwrap().is_none());
     }
 
     #[test]
@@ -316,7 +363,7 @@ mod tests {
         let a = Spool::open(root.path(), "ns", "pool", "198.18.0.0/24-198.18.0.1-198.18.0.254").unwrap();
         let b = Spool::open(root.path(), "ns", "pool", "198.18.0.0/24-198.18.0.10-198.18.0.254").unwrap();
         assert_ne!(a.dir, b.dir);
-        let t = a.enqueue(&owner("x")).unwrap().unwrap();
+        let t = a.enqueue(Kind::Add, &owner("x")).unwrap().unwrap();
         assert_eq!(std::fs::metadata(&t.request).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(&a.dir).unwrap().permissions().mode() & 0o777, 0o700);
         let name = t.request.file_name().unwrap().to_str().unwrap().to_string();
