@@ -349,6 +349,8 @@ fi
 if want daemon; then
 echo "== plexus-daemon against Multus thick's multus-daemon, 5,000 NADs and 10,000 pods (scripts/bench/daemon-rss.sh)"
 bash scripts/bench/daemon-rss.sh "$work"
+echo "== a burst of pods through plexus-daemon in a memory cgroup with the DaemonSet's limit (scripts/bench/daemon-burst.sh)"
+bash scripts/bench/daemon-burst.sh "$work" "$BIN"
 fi
 
 if want soak; then

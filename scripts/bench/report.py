@@ -170,6 +170,30 @@ if has("daemon-rss"):
     print(f"| Multus thick (multus-daemon) | {m['rss_kib']/1024:.1f} MiB | {m['hwm_kib']/1024:.1f} MiB | the same objects | |")
     print(f"| **plexus / Multus thick** | **{p['rss_kib']/m['rss_kib']:.2f}** | {p['hwm_kib']/m['hwm_kib']:.2f} | | |")
 
+if has("daemon-burst"):
+    b = load("daemon-burst")
+    print("\n## A burst through plexus-daemon under the DaemonSet's memory limit (issue #16)\n")
+    print(f"`scripts/bench/daemon-burst.sh`: {b['pods']} pods at once, each with {b['rails']} networks (plexus-macvlan +")
+    print("plexus-ipam, file store, NADs from `nadDir`), one `plexus` shim each, sent to one plexus-daemon run with")
+    print(f"`conf-examples/deploy/daemonset-daemon.yaml`'s flags (`--max-concurrent {b['max_concurrent']} --max-queued {b['max_queued']}`)")
+    print(f"in a memory cgroup with its limit ({b['limit_mib']} MiB). The daemon and every delegate it starts are in the")
+    print("cgroup, as in the DaemonSet's container; the page cache is dropped before the daemon starts, so the")
+    print("binaries' pages are charged to it too. The cgroup's charge is what the limit counts (RSS and page cache).\n")
+    print("| | MiB |")
+    print("|---|---:|")
+    print(f"| cgroup, daemon idle before the burst | {b['idle_mib']:.1f} |")
+    print(f"| **cgroup peak, {b['pods']} pod ADDs at once ({b['pods'] * b['rails']} attachments, {b['add_seconds']:.2f} s)** | **{b['add_peak_mib']:.1f}** |")
+    print(f"| cgroup after the ADDs | {b['after_add_mib']:.1f} |")
+    print(f"| cgroup peak, their DELs at once ({b['del_seconds']:.2f} s) | {b['del_peak_mib']:.1f} |")
+    print(f"| plexus-daemon's own peak RSS | {b['daemon_hwm_mib']:.1f} |")
+    print(f"| the limit | {b['limit_mib']} (hit {b['limit_hits']} times) |")
+    print(f"\nRequests the daemon did not take (run by the shim itself): {b['ran_by_shim']['add']} ADDs,"
+          f" {b['ran_by_shim']['del']} DELs. Every pod had its")
+    print(f"{b['rails']} interfaces after the ADDs and none after the DELs.")
+    print("What stays charged after the ADDs is mostly page cache (the binaries, the pods' delegate caches and")
+    print("IPAM files): it grows with the pods on the node, and the cgroup reclaims it before it would OOM-kill.")
+    print("The processes a burst adds are bounded by `--max-concurrent`: past it requests queue in the daemon.")
+
 if os.path.exists(os.path.join(work, "cluster.json")):
     c = load("cluster")
     print("\n## A real node: plexus against Multus + macvlan + whereabouts (issue #13)\n")
