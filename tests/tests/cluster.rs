@@ -766,7 +766,7 @@ impl Cluster {
 
 /// One run of an IPAM plugin in the node's namespace, as a runtime would run it for pod `pod`.
 fn ipam_run(c: &Cluster, bin: &Path, verb: &str, cid: &str, pod: &str, conf: &Value) -> (bool, Value) {
-    ipam_run_faulted(c, bin, verb, cid, pod, conf, "")
+    ipam_run_interrupted(c, bin, verb, cid, pod, conf, Interrupt::Fault(""))
 }
 
 /// `n` ADDs (attachment `i` by `tool(i)`: its binary, config and container-ID prefix) by
@@ -807,19 +807,6 @@ fn concurrent_adds<'a>(
             .collect();
         clients.into_iter().flat_map(|h| h.join().unwrap()).collect()
     })
-}
-
-/// [`ipam_run`] with `PLEXUS_FAULT` set (`plexus_cni::fault`; empty: none).
-fn ipam_run_faulted(
-    c: &Cluster,
-    bin: &Path,
-    verb: &str,
-    cid: &str,
-    pod: &str,
-    conf: &Value,
-    fault: &str,
-) -> (bool, Value) {
-    ipam_run_interrupted(c, bin, verb, cid, pod, conf, Interrupt::Fault(fault))
 }
 
 /// How a test run of an IPAM plugin is cut short.

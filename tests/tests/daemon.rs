@@ -86,6 +86,36 @@ impl Node {
             .run()
     }
 
+    /// A fake API server holding NAD default/rail0 (plexus-macvlan on nic0, its addresses from
+    /// `range`) and pod default/trainer naming it, a kubeconfig for it, and the meta config that
+    /// reads the API instead of `nadDir`.
+    fn with_api(&self, range: &str) -> (plexus_tests::fake_api::FakeApi, PathBuf, Value) {
+        let api = plexus_tests::fake_api::FakeApi::start_in(&self.lab.node);
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig, true);
+        let rail0 = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+                           "ipam": {"type": "plexus-ipam", "range": range, "dataDir": self.ipam_dir()}});
+        api.add_nad("default", "rail0", &rail0, json!({}));
+        api.add_pod("default", "trainer", "uid-trainer", json!({"k8s.v1.cni.cncf.io/networks": "rail0"}));
+        let mut c = self.conf("unused");
+        let conf = c.as_object_mut().unwrap();
+        for k in ["nadDir", "networks"] {
+            conf.remove(k);
+        }
+        conf.insert("kubeconfig".into(), json!(kubeconfig));
+        (api, kubeconfig, c)
+    }
+
+    /// `verb` for pod default/trainer's sandbox `pod1`, as the runtime names it in `CNI_ARGS`.
+    fn run_trainer(&self, verb: &str, c: &Value) -> Outcome {
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &self.lab.pod.path(), "eth0", &bin_dir().display().to_string())
+            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer;K8S_POD_UID=uid-trainer")
+            .stdin(c)
+            .in_netns(&self.lab.node)
+            .run()
+    }
+
     fn open_gate(&self) {
         std::fs::write(self.dir.path().join("gate/open"), "").unwrap();
     }
@@ -389,28 +419,9 @@ fn the_socket_is_root_only_and_another_protocol_version_is_not_taken() {
 #[test]
 fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches_network_status() {
     let n = Node::new();
-    let api = plexus_tests::fake_api::FakeApi::start_in(&n.lab.node);
-    let kubeconfig = n.dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig, true);
-    let rail0 = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
-                       "ipam": {"type": "plexus-ipam", "range": "198.18.32.0/24", "dataDir": n.ipam_dir()}});
-    api.add_nad("default", "rail0", &rail0, json!({}));
-    api.add_pod("default", "trainer", "uid-trainer", json!({"k8s.v1.cni.cncf.io/networks": "rail0"}));
+    let (api, kubeconfig, c) = n.with_api("198.18.32.0/24");
     let d = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a"]);
-    let mut c = n.conf("unused");
-    let conf = c.as_object_mut().unwrap();
-    for k in ["nadDir", "networks"] {
-        conf.remove(k);
-    }
-    conf.insert("kubeconfig".into(), json!(kubeconfig));
-    let run = |verb: &str| {
-        PluginRun::new(plugin_bin("plexus"), verb)
-            .attachment("pod1", &n.lab.pod.path(), "eth0", &bin_dir().display().to_string())
-            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer;K8S_POD_UID=uid-trainer")
-            .stdin(&c)
-            .in_netns(&n.lab.node)
-            .run()
-    };
+    let run = |verb: &str| n.run_trainer(verb, &c);
     let before = api.requests().len();
     let r = run("ADD").result();
     assert_eq!(r["ips"][0]["address"], "198.18.32.1/24");
@@ -434,28 +445,9 @@ fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches
 fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can_and_the_add_stands() {
     use plexus_tests::fake_api::Fault;
     let n = Node::new();
-    let api = plexus_tests::fake_api::FakeApi::start_in(&n.lab.node);
-    let kubeconfig = n.dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig, true);
-    let rail0 = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
-                       "ipam": {"type": "plexus-ipam", "range": "198.18.33.0/24", "dataDir": n.ipam_dir()}});
-    api.add_nad("default", "rail0", &rail0, json!({}));
-    api.add_pod("default", "trainer", "uid-trainer", json!({"k8s.v1.cni.cncf.io/networks": "rail0"}));
+    let (api, kubeconfig, c) = n.with_api("198.18.33.0/24");
     let d = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"]);
-    let mut c = n.conf("unused");
-    let conf = c.as_object_mut().unwrap();
-    for k in ["nadDir", "networks"] {
-        conf.remove(k);
-    }
-    conf.insert("kubeconfig".into(), json!(kubeconfig));
-    let run = |verb: &str| {
-        PluginRun::new(plugin_bin("plexus"), verb)
-            .attachment("pod1", &n.lab.pod.path(), "eth0", &bin_dir().display().to_string())
-            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer;K8S_POD_UID=uid-trainer")
-            .stdin(&c)
-            .in_netns(&n.lab.node)
-            .run()
-    };
+    let run = |verb: &str| n.run_trainer(verb, &c);
     let status_of = || -> Option<Value> {
         let pod = api.pod("default", "trainer")?;
         serde_json::from_str(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str()?).ok()
