@@ -161,10 +161,9 @@ impl Pool {
 
     /// The offsets of the entries of (container, ifname).
     fn entries_of(&self, container_id: &str, ifname: &str) -> Vec<u128> {
-        let is = |v: &Value, k: &str, want: &str| v.get(k).and_then(Value::as_str) == Some(want);
         self.allocations
             .iter()
-            .filter(|(_, v)| is(v, "id", container_id) && is(v, "ifname", ifname))
+            .filter(|(_, v)| field_is(v, "id", container_id) && field_is(v, "ifname", ifname))
             .map(|(o, _)| *o)
             .collect()
     }
@@ -172,16 +171,26 @@ impl Pool {
     /// The offset `owner` holds here: by container ID and ifname, or (idempotent ADD, as
     /// whereabouts) by pod and ifname.
     fn held_by(&self, owner: &Owner) -> Option<(u128, bool)> {
-        let same = |v: &Value, k: &str, want: &str| v.get(k).and_then(Value::as_str) == Some(want);
         if let Some(o) = self.entries_of(&owner.container_id, &owner.ifname).first() {
             return Some((*o, false));
         }
         let pod = owner.pod_ref.as_deref().filter(|p| !p.is_empty())?;
         self.allocations
             .iter()
-            .find(|(_, v)| same(v, "podref", pod) && same(v, "ifname", &owner.ifname))
+            .find(|(_, v)| field_is(v, "podref", pod) && field_is(v, "ifname", &owner.ifname))
             .map(|(o, _)| (*o, true))
     }
+}
+
+/// Whether entry `v`'s `key` is `want`.
+fn field_is(v: &Value, key: &str, want: &str) -> bool {
+    v.get(key).and_then(Value::as_str) == Some(want)
+}
+
+/// The JSON Patch ops that remove the entry at `offset` if it is still `container_id`'s.
+fn removal(offset: u128, container_id: &str) -> [Value; 2] {
+    let path = format!("/spec/allocations/{offset}");
+    [json!({"op": "test", "path": format!("{path}/id"), "value": container_id}), json!({"op": "remove", "path": path})]
 }
 
 /// One request of a batch: an owner wanting an address (ADD) or giving its entries up (DEL).
@@ -253,8 +262,7 @@ fn plan_batch(pool: &Pool, range: &IpRange, requests: &[Request<'_>]) -> Plan {
         unguarded |= held.is_empty();
         let mine: Vec<u128> = held.into_iter().filter(|o| !claimed.contains(o)).collect();
         for o in &mine {
-            ops.push(json!({"op": "test", "path": format!("{}/id", path(*o)), "value": owner.container_id}));
-            ops.push(json!({"op": "remove", "path": path(*o)}));
+            ops.extend(removal(*o, &owner.container_id));
         }
         answers[i] = Some(Answer::Released { offsets: mine.iter().map(u128::to_string).collect() });
     }
@@ -386,12 +394,7 @@ impl KubernetesStore {
 
     /// Remove `owner`'s entry at `offset` (it got it, but cannot keep it).
     fn give_back(&self, pool: &str, offset: u128, owner: &Owner) -> Result<(), IpamError> {
-        let path = format!("/spec/allocations/{offset}");
-        let back = [
-            json!({"op": "test", "path": format!("{path}/id"), "value": owner.container_id}),
-            json!({"op": "remove", "path": path}),
-        ];
-        self.patch_pool(pool, &back).map(|_| ())
+        self.patch_pool(pool, &removal(offset, &owner.container_id)).map(|_| ())
     }
 
     fn entry(owner: &Owner) -> Value {
@@ -575,20 +578,20 @@ impl KubernetesStore {
             if mine.is_empty() {
                 return Ok(Vec::new());
             }
-            let released: Vec<Allocation> =
-                mine.iter().map(|o| self.allocation(range, *o, &pool.allocations[o])).collect();
+            let released = self.allocations_at(&pool, range, &mine);
             for a in &released {
                 first(a)?;
             }
-            let mut ops = Vec::new();
-            for o in &mine {
-                ops.push(json!({"op": "test", "path": format!("/spec/allocations/{o}/id"), "value": container_id}));
-                ops.push(json!({"op": "remove", "path": format!("/spec/allocations/{o}")}));
-            }
+            let ops: Vec<Value> = mine.iter().flat_map(|o| removal(*o, container_id)).collect();
             if self.patch_pool(&pool.name, &ops)? {
                 return Ok(released);
             }
         }
+    }
+
+    /// The entries of `pool` at `offsets`, as allocations of `range`.
+    fn allocations_at(&self, pool: &Pool, range: &IpRange, offsets: &[u128]) -> Vec<Allocation> {
+        offsets.iter().map(|o| self.allocation(range, *o, &pool.allocations[o])).collect()
     }
 
     /// The entries of (`owner`'s container, ifname) in `range`'s pool as it is now: the watch
@@ -597,11 +600,7 @@ impl KubernetesStore {
         let mut held = Vec::new();
         for read in [Read::Cached, Read::Latest] {
             if let Some(pool) = self.pool(range, read, false)? {
-                held = pool
-                    .entries_of(&owner.container_id, &owner.ifname)
-                    .iter()
-                    .map(|o| self.allocation(range, *o, &pool.allocations[o]))
-                    .collect();
+                held = self.allocations_at(&pool, range, &pool.entries_of(&owner.container_id, &owner.ifname));
             }
             if !held.is_empty() {
                 break;
