@@ -274,10 +274,11 @@ hf meta-api env CNI_COMMAND=ADD CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=defa
   --prepare "$fresh_pod" --export-json "$work/meta-api.json.out" -n plexus "$BIN/plexus"
 mv "$work/meta-api.json.out" "$work/meta-api-result.json"
 # Daemon mode (issue #16): the same two ADDs, the shim sending each to plexus-daemon over its
-# socket; the daemon reads the pod and NAD from its watch caches of the same fake API server and
-# PATCHes network-status over a connection it keeps.
+# socket; the daemon reads the pod and NAD from its watch caches of the same fake API server,
+# journals network-status and PATCHes it after the answer, over a connection it keeps.
 daemon_up() {
-  ip netns exec "$node" "$BIN/plexus-daemon" --socket "$work/run/daemon.sock" --metrics-address 127.0.0.1:9134 \
+  ip netns exec "$node" "$BIN/plexus-daemon" --socket "$work/run/daemon.sock" --status-journal "$work/run/network-status" \
+    --metrics-address 127.0.0.1:9134 \
     --log-level error "$@" 2>> "$work/daemon.log" &
   daemon_pid=$!
   for _ in $(seq 200); do

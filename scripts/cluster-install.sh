@@ -50,7 +50,7 @@ kubectl apply -f conf-examples/deploy/crd.yaml -f conf-examples/deploy/rbac.yaml
 sed -e "s|image: .*|image: $image\n        imagePullPolicy: Never|" \
   -e "s|path: /opt/cni/bin|path: $CNI_BIN_DIR|" -e "s|path: /etc/cni/net.d|path: $CNI_CONF_DIR|" \
   -e "s|value: /opt/cni/bin|value: $CNI_BIN_DIR|" -e "s|value: /etc/cni/net.d|value: $CNI_CONF_DIR|" \
-  -e "s|value: /run/plexus/daemon.sock|value: $socket|" \
+  -e "s|value: /run/plexus/daemon.sock|value: $socket|" -e "s|value: /run/plexus/network-status|value: $state/run/network-status|" \
   "$daemonset" | kubectl apply -f - > /dev/null
 for _ in $(seq 120); do
   [ -f "$CNI_CONF_DIR/00-plexus.conflist" ] && [ -f "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig" ] && break

@@ -93,7 +93,7 @@ contexts: [{name: plexus, context: {cluster: local, user: plexus}}]
 current-context: plexus
 KC
 ip netns exec "$NODE_NETNS" "$BIN/plexus-daemon" --kubeconfig "$work/plexus.kubeconfig" --node-name bench-node \
-  --socket "$work/plexus-run/daemon.sock" --metrics-address 127.0.0.1:9135 --log-level warn 2> "$work/plexus-daemon.log" &
+  --socket "$work/plexus-run/daemon.sock" --status-journal "$work/plexus-run/network-status" --metrics-address 127.0.0.1:9135 --log-level warn 2> "$work/plexus-daemon.log" &
 pid=$!
 start=$(date +%s.%N)
 until ip netns exec "$NODE_NETNS" curl -sf http://127.0.0.1:9135/readyz > /dev/null 2>&1; do sleep 0.1; done

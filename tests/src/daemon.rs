@@ -22,11 +22,25 @@ impl DaemonProcess {
     /// Start `plexus-daemon` in the namespace at `netns` with its socket at `socket` and its log
     /// in `log`, plus `args`; waits until it serves (socket there, /readyz 200).
     pub fn start(netns: &Path, socket: &Path, log: &Path, args: &[&str]) -> DaemonProcess {
+        DaemonProcess::start_with_env(netns, socket, log, args, &[])
+    }
+
+    /// [`DaemonProcess::start`] with `env` in the daemon's environment (besides `PATH`).
+    pub fn start_with_env(
+        netns: &Path,
+        socket: &Path,
+        log: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> DaemonProcess {
         let mut cmd = Command::new(plugin_bin("plexus-daemon"));
         cmd.env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(env.iter().copied())
             .arg("--socket")
             .arg(socket)
+            .arg("--status-journal")
+            .arg(socket.parent().expect("the socket's directory").join("network-status"))
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{METRICS_PORT}"))
             .arg("--log-level")

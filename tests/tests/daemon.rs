@@ -77,6 +77,28 @@ impl Node {
         DaemonProcess::start(&self.lab.node.path(), &self.socket(), &self.dir.path().join("daemon.log"), args)
     }
 
+    /// A daemon whose fault-injection points (debug builds) are logged to [`Node::points`]: each
+    /// line names the process that passed the point, so a test sees which process did a
+    /// delegate's netlink and file work.
+    fn daemon_logging_points(&self, args: &[&str]) -> DaemonProcess {
+        let points = self.dir.path().join("points");
+        DaemonProcess::start_with_env(
+            &self.lab.node.path(),
+            &self.socket(),
+            &self.dir.path().join("daemon.log"),
+            args,
+            &[("PLEXUS_FAULT_LOG", &points)],
+        )
+    }
+
+    /// The processes that passed fault-injection points since the last call, by name, each once.
+    fn points_passed_by(&self) -> std::collections::BTreeSet<String> {
+        let points = self.dir.path().join("points");
+        let text = std::fs::read_to_string(&points).unwrap_or_default();
+        let _ = std::fs::remove_file(&points);
+        text.lines().filter_map(|l| l.split(' ').next()).map(String::from).collect()
+    }
+
     fn run(&self, verb: &str, container: &str, c: &Value) -> Outcome {
         let pod = if container == "pod1" { self.lab.pod.path() } else { self.pod2.path() };
         PluginRun::new(plugin_bin("plexus"), verb)
@@ -114,6 +136,38 @@ impl Node {
             .stdin(c)
             .in_netns(&self.lab.node)
             .run()
+    }
+
+    /// The daemon's network-status journal, and the entries in it.
+    fn journal(&self) -> PathBuf {
+        self.socket().parent().unwrap().join("network-status")
+    }
+
+    fn journaled(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.journal())
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// Pod default/trainer's network-status, if the API has one.
+    fn status_of(&self, api: &plexus_tests::fake_api::FakeApi) -> Option<Value> {
+        let pod = api.pod("default", "trainer")?;
+        serde_json::from_str(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str()?).ok()
+    }
+
+    /// Wait (at most 5 s) for pod default/trainer's network-status: the daemon writes it after
+    /// the answer.
+    fn wait_status(&self, api: &plexus_tests::fake_api::FakeApi) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(s) = self.status_of(api) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "no network-status within 5 s of the ADD");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn open_gate(&self) {
@@ -203,6 +257,80 @@ fn a_pod_attached_through_the_daemon_gets_what_thin_mode_gives_and_the_metrics_c
     let m = d.metrics();
     assert!(m.contains("plexus_daemon_request_duration_seconds_bucket{le=\"0.001\",command=\"ADD\"}"), "{m}");
     assert!(m.contains("# TYPE plexus_daemon_delegate_duration_seconds histogram"), "{m}");
+}
+
+#[test]
+fn the_daemon_runs_its_own_build_of_a_delegate_in_process_and_execs_any_other() {
+    let n = Node::new();
+    let c = n.conf("rail0");
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<std::collections::BTreeSet<_>>();
+    {
+        let _d = n.daemon_logging_points(&[]);
+        // plexus-macvlan and plexus-ipam of this build (CNI_PATH): both run in the daemon.
+        let r = n.run("ADD", "pod1", &c).result();
+        assert_eq!(r["ips"][0]["address"], "198.18.30.1/24");
+        assert_eq!(n.lab.pod.addrs("net1")[0].cidr(), "198.18.30.1/24");
+        assert_eq!(n.points_passed_by(), names(&["plexus-daemon"]), "no delegate process");
+        // Said in the request's log (the meta config's logFile), once per binary.
+        let log = n.shim_log();
+        for plugin in ["plexus-macvlan", "plexus-ipam"] {
+            let said = format!("binary={}", bin_dir().join(plugin).display());
+            assert!(log.lines().any(|l| l.contains("runs in-process: this build") && l.contains(&said)), "{log}");
+        }
+        // A wrapper installed in binDir over it (it logs, then execs the real plugin): what the
+        // runtime would exec is no longer the daemon's plugin, so the wrapper runs.
+        let wrapper = n.dir.path().join("gate/plexus-macvlan");
+        let wrapped = n.dir.path().join("wrapped");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\n[ -n \"$CNI_COMMAND\" ] && echo \"$CNI_COMMAND $CNI_CONTAINERID\" >> {}\nexec {}\n",
+                wrapped.display(),
+                bin_dir().join("plexus-macvlan").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let r = n.run("ADD", "pod2", &c).result();
+        assert_eq!(r["ips"][0]["address"], "198.18.30.2/24");
+        assert_eq!(std::fs::read_to_string(&wrapped).unwrap(), "ADD pod2\n");
+        // The wrapper's plexus-macvlan runs its own IPAM: both are processes of their own now.
+        assert_eq!(n.points_passed_by(), names(&["plexus-daemon", "plexus-macvlan", "plexus-ipam"]));
+        assert!(n.run("DEL", "pod2", &c).success());
+        assert_eq!(std::fs::read_to_string(&wrapped).unwrap(), "ADD pod2\nDEL pod2\n");
+        std::fs::remove_file(&wrapper).unwrap();
+        assert!(n.run("DEL", "pod1", &c).success());
+        assert_eq!(n.points_passed_by(), names(&["plexus-daemon", "plexus-macvlan", "plexus-ipam"]));
+    }
+    assert_eq!(n.pod_links(), ["lo"]);
+    assert_eq!((n.held(), n.cached()), (0, 0));
+    // Switched off, every delegate is a process of its own.
+    let _d = n.daemon_logging_points(&["--in-process-delegates", "false"]);
+    assert!(n.run("ADD", "pod1", &c).success());
+    assert!(n.run("DEL", "pod1", &c).success());
+    assert_eq!(n.points_passed_by(), names(&["plexus-daemon", "plexus-macvlan", "plexus-ipam"]));
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+    assert!(!n.shim_log().contains("thin mode"), "{}", n.shim_log());
+}
+
+#[test]
+fn delegates_run_in_process_leave_no_descriptor_behind_in_the_daemon() {
+    let n = Node::new();
+    let d = n.daemon(&[]);
+    let c = n.conf("rail0");
+    let cycle = || {
+        assert!(n.run("ADD", "pod1", &c).success());
+        assert!(n.run("DEL", "pod1", &c).success());
+    };
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).unwrap().count();
+    // The first cycle opens what the daemon keeps (the policy, its identification of each binary).
+    cycle();
+    let before = fds();
+    for _ in 0..30 {
+        cycle();
+    }
+    assert_eq!(fds(), before, "descriptors left open by 30 in-process ADD/DEL cycles");
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
 }
 
 #[test]
@@ -425,19 +553,58 @@ fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches
     let before = api.requests().len();
     let r = run("ADD").result();
     assert_eq!(r["ips"][0]["address"], "198.18.32.1/24");
-    // The ADD's only API request: the network-status PATCH (pod and NAD came from the caches).
+    // The ADD's only API request: the network-status PATCH (pod and NAD came from the caches),
+    // made after the answer.
+    let status = n.wait_status(&api);
     let during: Vec<String> = api.requests()[before..].to_vec();
     assert_eq!(during, ["PATCH /api/v1/namespaces/default/pods/trainer"], "{during:?}");
-    let pod = api.pod("default", "trainer").unwrap();
-    let status: Value =
-        serde_json::from_str(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str().unwrap())
-            .unwrap();
     assert_eq!(status[0]["name"], "default/rail0");
     assert_eq!(status[0]["ips"][0], "198.18.32.1");
     assert_eq!(count(&d, "cached_objects{kind=\"network-attachment-definition\"}"), 1.0);
     assert_eq!(count(&d, "api_requests_total{request=\"patch_pod\"}"), 1.0);
     assert!(!n.shim_log().contains("thin mode"), "{}", n.shim_log());
     assert!(run("DEL").success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+    assert_eq!(n.journaled(), Vec::<String>::new(), "written statuses leave the journal");
+}
+
+#[test]
+fn a_network_status_a_killed_daemon_had_not_written_is_written_by_the_next_one() {
+    use plexus_tests::fake_api::Fault;
+    let n = Node::new();
+    let (api, kubeconfig, c) = n.with_api("198.18.34.0/24");
+    let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"];
+    let mut d = n.daemon(&args);
+    // The API server takes no network-status PATCH (503) while the first daemon runs.
+    api.fault(Fault {
+        method: "PATCH",
+        path_contains: "/pods/trainer".into(),
+        status: Some(503),
+        delay: None,
+        times: usize::MAX,
+    });
+    let r = n.run_trainer("ADD", &c).result();
+    assert_eq!(r["ips"][0]["address"], "198.18.34.1/24", "the attachment stands");
+    assert_eq!(n.journaled(), ["default_trainer"], "journaled before the answer");
+    let entry: Value = serde_json::from_slice(&std::fs::read(n.journal().join("default_trainer")).unwrap()).unwrap();
+    assert_eq!(entry["statuses"][0]["ips"][0], "198.18.34.1");
+    assert_eq!(std::fs::metadata(n.journal()).unwrap().permissions().mode() & 0o777, 0o700);
+    d.kill();
+    api.clear_faults();
+    assert!(n.status_of(&api).is_none());
+    // The next daemon writes what the journal holds, with no CNI call.
+    let _d = n.daemon(&args);
+    let status = n.wait_status(&api);
+    assert_eq!(
+        (status[0]["name"].as_str(), status[0]["ips"][0].as_str()),
+        (Some("default/rail0"), Some("198.18.34.1"))
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !n.journaled().is_empty() {
+        assert!(Instant::now() < deadline, "the journal entry stayed after the status landed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(n.run_trainer("DEL", &c).success());
     assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
 }
 
@@ -465,8 +632,12 @@ fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can
     let r = run("ADD").result();
     assert_eq!(r["ips"][0]["address"], "198.18.33.1/24", "the attachment stands without its status");
     assert_eq!(status_of(), None);
-    // The request's log (where its config says) tells why.
-    assert!(n.shim_log().contains("retried in the background"), "{}", n.shim_log());
+    // The daemon's log tells why.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !d.log_text().contains("retried in the background") {
+        assert!(Instant::now() < deadline, "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // While the API cannot take it, the daemon keeps trying (every 2 s).
     let tried = patches();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -223,13 +223,16 @@ fn the_daemon_mode_daemonset_runs_plexus_daemon_in_the_hosts_root_with_probes_li
         json!([{"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}])
     );
     let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(env, ["NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "DAEMON_SOCKET"]);
+    assert_eq!(env, ["NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "DAEMON_SOCKET", "STATUS_JOURNAL"]);
+    // The journal on the host's /run: kept across daemon restarts, gone with the node's sandboxes.
+    assert_eq!(c["env"][4]["value"], "/run/plexus/network-status");
     assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     let script = c["args"][0].as_str().unwrap();
     for needed in [
         "exec /plexus/bin/plexus-daemon --host-root",
         "--node-name \"$NODE_NAME\"",
         "--socket \"$DAEMON_SOCKET\"",
+        "--status-journal \"$STATUS_JOURNAL\"",
         "--metrics-address 127.0.0.1:9134",
         "tokenFile: $d/token",
         "while sleep 60",

@@ -2,6 +2,7 @@
 //! `pkg/invoke` does. The delegate inherits this process's environment with the `CNI_*`
 //! variables replaced by the ones given.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -51,7 +52,7 @@ fn is_executable_file(p: &Path) -> bool {
 /// Run `plugin_type` for `command` with `config` on stdin and `env` as its CNI environment.
 /// ADD returns the delegate's result (in whatever version it printed); the other verbs `None`.
 pub fn exec(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Option<CniResult>, Error> {
-    spawn(plugin_type, command, env, config)?.wait()
+    start_delegate(plugin_type, command, env, config, Waited::Now)?.wait()
 }
 
 /// Forward `command` to the config's IPAM plugin, if it names one (the spec: CHECK, DEL, GC and
@@ -83,32 +84,77 @@ pub fn del_with_ipam(req: &crate::Request, teardown: impl FnOnce() -> Result<(),
 pub struct Running {
     plugin_type: String,
     command: Command,
-    child: Child,
-    feeder: Option<std::thread::JoinHandle<()>>,
+    run: Run,
+}
+
+/// How a delegate runs: its binary as a child process, or (a plugin this process carries, of
+/// this build: [`crate::builtin`]) in this process — on a thread of its own, or already run on
+/// the caller's when the caller waits for it at once.
+#[derive(Debug)]
+enum Run {
+    Child { child: Child, feeder: Option<std::thread::JoinHandle<()>> },
+    InProcess(std::thread::JoinHandle<std::process::Output>),
+    Ran(std::process::Output),
+}
+
+/// Whether the caller waits for the delegate at once ([`exec`]) or works meanwhile ([`spawn`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    Now,
+    Later,
 }
 
 /// Start `plugin_type` for `command`; [`Running::wait`] collects its outcome.
 pub fn spawn(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Running, Error> {
+    start_delegate(plugin_type, command, env, config, Waited::Later)
+}
+
+fn start_delegate(
+    plugin_type: &str,
+    command: Command,
+    env: &CniEnv,
+    config: &Value,
+    waited: Waited,
+) -> Result<Running, Error> {
     let binary = find_plugin(plugin_type, &env.path)?;
     crate::fault::at(crate::fault::Point::Exec)?;
     let stdin = serde_json::to_vec(config).map_err(|e| Error::internal(format!("encoding delegate config: {e}")))?;
-    tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
-    let (child, feeder) = start(&binary, command, env, stdin)
-        .map_err(|e| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}")))?;
-    Ok(Running { plugin_type: plugin_type.to_string(), command, child, feeder })
+    let failed = |e: std::io::Error| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}"));
+    let run = match crate::builtin::lookup(&binary) {
+        Some(builtin) => {
+            tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating, in-process");
+            let env = child_env(command, env).map_err(failed)?;
+            match waited {
+                Waited::Now => Run::Ran(crate::builtin::run(builtin, &env, &stdin)),
+                Waited::Later => Run::InProcess(crate::builtin::start(builtin, env, stdin).map_err(failed)?),
+            }
+        }
+        None => {
+            tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
+            let (child, feeder) = start(&binary, command, env, stdin).map_err(failed)?;
+            Run::Child { child, feeder }
+        }
+    };
+    Ok(Running { plugin_type: plugin_type.to_string(), command, run })
 }
 
 impl Running {
     /// Wait for the delegate: ADD yields its result, the other verbs `None`; a failure yields the
     /// delegate's own CNI error.
     pub fn wait(self) -> Result<Option<CniResult>, Error> {
-        let Running { plugin_type, command, child, feeder } = self;
-        let out = child
-            .wait_with_output()
-            .map_err(|e| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}")))?;
-        if let Some(f) = feeder {
-            let _ = f.join();
-        }
+        let Running { plugin_type, command, run } = self;
+        let failed = |e: String| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}"));
+        let out = match run {
+            Run::Child { child, feeder } => {
+                let out = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+                if let Some(f) = feeder {
+                    let _ = f.join();
+                }
+                out
+            }
+            Run::InProcess(thread) => thread.join().map_err(|_| failed("its in-process thread panicked".into()))?,
+            Run::Ran(out) => out,
+        };
         if !out.status.success() {
             let err = delegate_error(&plugin_type, &out);
             tracing::debug!(plugin = %plugin_type, %command, code = err.code, "delegate failed: {err}");
@@ -130,6 +176,25 @@ impl Running {
 /// Configs up to this size go into the pipe at once (a pipe holds 64 KiB): no thread needed.
 const STDIN_INLINE_MAX: usize = 16 * 1024;
 
+/// What a delegate's environment changes from this process's: the `CNI_*` variables of
+/// `command` and `env`, then `env`'s own variables; `None` removes a variable.
+fn child_env(command: Command, env: &CniEnv) -> std::io::Result<HashMap<String, Option<String>>> {
+    let path = std::env::join_paths(&env.path).map_err(std::io::Error::other)?.to_string_lossy().into_owned();
+    let mut vars: HashMap<String, Option<String>> = [
+        ("CNI_COMMAND", Some(command.as_str().to_string())),
+        ("CNI_CONTAINERID", Some(env.container_id.clone())),
+        ("CNI_IFNAME", Some(env.ifname.clone())),
+        ("CNI_ARGS", Some(env.args.to_env_string())),
+        ("CNI_PATH", Some(path)),
+        ("CNI_NETNS", env.netns.as_ref().map(|ns| ns.display().to_string())),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    vars.extend(env.vars.iter().map(|(k, v)| (k.clone(), Some(v.clone()))));
+    Ok(vars)
+}
+
 fn start(
     binary: &Path,
     command: Command,
@@ -137,19 +202,13 @@ fn start(
     stdin: Vec<u8>,
 ) -> std::io::Result<(Child, Option<std::thread::JoinHandle<()>>)> {
     let mut cmd = Process::new(binary);
-    cmd.env("CNI_COMMAND", command.as_str())
-        .env("CNI_CONTAINERID", &env.container_id)
-        .env("CNI_IFNAME", &env.ifname)
-        .env("CNI_ARGS", env.args.to_env_string())
-        .env("CNI_PATH", std::env::join_paths(&env.path).map_err(std::io::Error::other)?)
-        .envs(env.vars.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    match &env.netns {
-        Some(ns) => cmd.env("CNI_NETNS", ns),
-        None => cmd.env_remove("CNI_NETNS"),
-    };
+    for (k, v) in child_env(command, env)? {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     if DIE_WITH_PARENT.get().is_some() {
         let parent = nix::unistd::getpid();
         // SAFETY: between fork and exec only prctl(2) and getppid(2): no allocation, no lock.

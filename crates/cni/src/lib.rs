@@ -7,6 +7,7 @@
 //! Must not: touch netlink, namespaces, Kubernetes or any store. Those live in `plexus-net`,
 //! `plexus-k8s` and `plexus-ipam`, which depend on this crate for their error type.
 
+pub mod builtin;
 pub mod chain;
 pub mod config;
 pub mod delegate;

@@ -102,15 +102,29 @@ pub trait Plugin {
     }
 }
 
-/// The plugin's name and version, printed on stderr when run without `CNI_COMMAND`.
-#[derive(Clone, Copy, Debug)]
+/// The plugin's name, version and build, printed on stderr when run without `CNI_COMMAND`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct About {
     pub name: &'static str,
     pub version: &'static str,
+    /// The build's identity (`plexus_build_id::BUILD`), for plexus's own plugins: a long-running
+    /// parent runs a plugin of its own build in-process ([`crate::builtin`]).
+    pub build: Option<&'static str>,
+}
+
+impl About {
+    /// The first line printed without `CNI_COMMAND`: `CNI plugin <name> <version>`, then
+    /// ` (build <build>)` when the plugin has one.
+    pub fn line(&self) -> String {
+        match self.build {
+            Some(build) => format!("CNI plugin {} {} (build {build})", self.name, self.version),
+            None => format!("CNI plugin {} {}", self.name, self.version),
+        }
+    }
 }
 
 /// Run the plugin as a process: the whole `main` of a plugin binary.
-pub fn run(about: About, plugin: &impl Plugin) -> ExitCode {
+pub fn run(about: About, plugin: &(impl Plugin + ?Sized)) -> ExitCode {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
@@ -122,16 +136,20 @@ pub fn run(about: About, plugin: &impl Plugin) -> ExitCode {
 /// [`run`] with its inputs and outputs given: returns the exit status.
 pub fn dispatch(
     about: About,
-    plugin: &impl Plugin,
+    plugin: &(impl Plugin + ?Sized),
     getenv: impl Fn(&str) -> Option<String>,
     stdin: &mut impl Read,
     stdout: &mut impl Write,
     stderr: &mut impl Write,
 ) -> u8 {
     let command_set = getenv("CNI_COMMAND").is_some_and(|c| !c.is_empty());
+    if !command_set && let Some(identity) = getenv(crate::builtin::IDENTIFY_ENV).and(crate::builtin::identity(&about)) {
+        let _ = writeln!(stdout, "{identity}");
+        return 0;
+    }
     if !command_set {
         // skel: without a command, say what this is on stderr and succeed.
-        let _ = writeln!(stderr, "CNI plugin {} {}", about.name, about.version);
+        let _ = writeln!(stderr, "{}", about.line());
         let _ = writeln!(stderr, "CNI protocol versions supported: {}", SpecVersion::supported_strings().join(", "));
         return 0;
     }
@@ -222,13 +240,22 @@ fn prepare(
     Ok(Some(Request { env, version, config, stdin: raw, policy, log: LogTarget::default() }))
 }
 
+/// This process's own network namespace (device and inode), read once: `/proc/self` is the
+/// thread group's leader, whose namespace no plexus code changes (setns happens on threads of
+/// their own), so a long-running process (plexus-daemon) need not read it on every request.
+fn own_netns() -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    static OWN: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    *OWN.get_or_init(|| std::fs::metadata("/proc/self/ns/net").ok().map(|m| (m.dev(), m.ino())))
+}
+
 fn refuse_own_netns(netns: Option<&Path>) -> Result<(), Error> {
     use std::os::unix::fs::MetadataExt;
     let Some(netns) = netns else { return Ok(()) };
-    let (Ok(target), Ok(own)) = (std::fs::metadata(netns), std::fs::metadata("/proc/self/ns/net")) else {
+    let (Ok(target), Some(own)) = (std::fs::metadata(netns), own_netns()) else {
         return Ok(()); // a missing netns is the handler's to judge (DEL must succeed)
     };
-    if (target.dev(), target.ino()) == (own.dev(), own.ino()) {
+    if (target.dev(), target.ino()) == own {
         return Err(Error::new(code::INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same")
             .with_details(netns.display().to_string()));
     }
@@ -238,7 +265,7 @@ fn refuse_own_netns(netns: Option<&Path>) -> Result<(), Error> {
 /// The `CNI_ARGS` keys runtimes set for a Kubernetes pod, which every plexus plugin reads.
 pub const RUNTIME_ARGS: &[&str] = &["K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID"];
 
-fn call(plugin: &impl Plugin, req: &Request) -> Result<Option<Value>, Error> {
+fn call(plugin: &(impl Plugin + ?Sized), req: &Request) -> Result<Option<Value>, Error> {
     if matches!(req.env.command, Command::Add | Command::Check) {
         req.env.args.check_known(&[RUNTIME_ARGS, plugin.known_args()].concat())?;
     }

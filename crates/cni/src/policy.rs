@@ -204,8 +204,40 @@ impl Policy {
     }
 
     /// Read and check a policy file: a regular file, owned by root or by this user, writable by
-    /// no one else.
+    /// no one else. A long-running process (plexus-daemon, whose in-process delegates load it
+    /// too) reads it again only when the file changed: the last one read is kept with its
+    /// device, inode, size, times, owner and mode.
     pub fn from_file(path: &Path) -> Result<Policy, Error> {
+        use std::os::unix::fs::MetadataExt;
+        type Kept = Option<(PathBuf, [i64; 9], Policy)>;
+        static LAST: std::sync::Mutex<Kept> = std::sync::Mutex::new(None);
+        let id = |m: &std::fs::Metadata| {
+            let (dev, ino, size) = (m.dev() as i64, m.ino() as i64, m.size() as i64);
+            [
+                dev,
+                ino,
+                size,
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+                i64::from(m.uid()),
+                i64::from(m.mode()),
+            ]
+        };
+        if let Ok(meta) = std::fs::metadata(path)
+            && let Some((p, known, policy)) = &*LAST.lock().unwrap_or_else(|e| e.into_inner())
+            && p == path
+            && *known == id(&meta)
+        {
+            return Ok(policy.clone());
+        }
+        let (meta, policy) = Policy::read_file(path)?;
+        *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), id(&meta), policy.clone()));
+        Ok(policy)
+    }
+
+    fn read_file(path: &Path) -> Result<(std::fs::Metadata, Policy), Error> {
         use std::io::Read;
         use std::os::unix::fs::MetadataExt;
         let file = std::fs::File::open(path).map_err(|e| policy_error(path, e))?;
@@ -230,7 +262,7 @@ impl Policy {
         }
         let mut policy = Policy::parse(&text).map_err(|e| policy_error(path, e.msg))?;
         policy.source = path.display().to_string();
-        Ok(policy)
+        Ok((meta, policy))
     }
 
     /// Parse and check a policy document.

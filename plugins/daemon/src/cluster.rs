@@ -1,11 +1,11 @@
 //! The daemon's view of the cluster: watch caches (kube-rs reflectors) of every
 //! NetworkAttachmentDefinition and of the pods bound to this node (field selector on
 //! `spec.nodeName`, metadata only), each object trimmed to what plexus reads. A pod or NAD the
-//! cache does not have yet is read from the API; network-status is PATCHed from here.
+//! cache does not have yet is read from the API; network-status goes to the [`StatusWriter`].
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,6 +20,7 @@ use plexus_k8s::status::NetworkStatus;
 use plexus_k8s::{K8sError, Nad};
 
 use crate::metrics::Metrics;
+use crate::status::{Patch, StatusWriter};
 
 fn nad_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -49,9 +50,8 @@ pub struct Caches {
     api: Arc<ApiClient>,
     metrics: Arc<Metrics>,
     synced: Arc<AtomicBool>,
-    /// network-status PATCHes waiting for the API, by pod: the newest one's number.
-    pending_status: Arc<Mutex<HashMap<String, u64>>>,
-    next_status: AtomicU64,
+    /// network-status, journaled and written after the answer.
+    pub status: Arc<StatusWriter>,
 }
 
 /// The caches' kinds, as the metrics label them.
@@ -81,8 +81,14 @@ const STATUS_RETRY: Duration = Duration::from_secs(2);
 
 impl Caches {
     /// Start both watches on the current runtime; `watch` is a client for long requests, `api`
-    /// one with the per-call deadline.
-    pub fn start(watch: kube::Client, api: ApiClient, node: &str, metrics: Arc<Metrics>) -> Arc<Caches> {
+    /// one with the per-call deadline; network-status is journaled in `journal`.
+    pub fn start(
+        watch: kube::Client,
+        api: ApiClient,
+        node: &str,
+        metrics: Arc<Metrics>,
+        journal: &Path,
+    ) -> anyhow::Result<Arc<Caches>> {
         let resource = nad_resource();
         let nad_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
         let nads = nad_writer.as_reader();
@@ -128,15 +134,16 @@ impl Caches {
             });
         }
         let synced = Arc::new(AtomicBool::new(false));
-        let caches = Arc::new(Caches {
-            nads: nads.clone(),
-            pods: pods.clone(),
-            api: Arc::new(api),
-            metrics,
-            synced: synced.clone(),
-            pending_status: Arc::default(),
-            next_status: AtomicU64::new(0),
+        let api = Arc::new(api);
+        let (patching, counting) = (api.clone(), metrics.clone());
+        let patch: Arc<Patch> = Arc::new(move |namespace: &str, name: &str, statuses: &[NetworkStatus]| {
+            counting.api_request("patch_pod");
+            patching.set_network_status(namespace, name, statuses)
         });
+        let status = StatusWriter::new(patch, journal, STATUS_RETRY)
+            .map_err(|e| anyhow::anyhow!("network-status journal {}: {e}", journal.display()))?;
+        let caches =
+            Arc::new(Caches { nads: nads.clone(), pods: pods.clone(), api, metrics, synced: synced.clone(), status });
         tokio::spawn(async move {
             let (a, b) = tokio::join!(nads.wait_until_ready(), pods.wait_until_ready());
             if a.is_ok() && b.is_ok() {
@@ -144,44 +151,12 @@ impl Caches {
                 tracing::info!(nads = nads.len(), pods = pods.len(), "watch caches synced");
             }
         });
-        caches
+        Ok(caches)
     }
 
     /// Both caches have had their first full list.
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::SeqCst)
-    }
-
-    fn retry_status(&self, namespace: &str, name: &str, statuses: Vec<NetworkStatus>) {
-        let key = format!("{namespace}/{name}");
-        let n = self.next_status.fetch_add(1, Ordering::SeqCst);
-        self.pending_status.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), n);
-        let (api, pending, metrics) = (self.api.clone(), self.pending_status.clone(), self.metrics.clone());
-        let (namespace, name) = (namespace.to_string(), name.to_string());
-        std::thread::spawn(move || {
-            loop {
-                std::thread::sleep(STATUS_RETRY);
-                if pending.lock().unwrap_or_else(|p| p.into_inner()).get(&key) != Some(&n) {
-                    return; // a later status of this pod replaced this one
-                }
-                metrics.api_request("patch_pod");
-                match api.set_network_status(&namespace, &name, &statuses) {
-                    Err(K8sError::Unavailable(_)) => continue,
-                    done => {
-                        if let Err(e) = done {
-                            tracing::error!("network-status of {key}: {e}");
-                        } else {
-                            tracing::info!("network-status of {key} written after the API came back");
-                        }
-                        let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
-                        if p.get(&key) == Some(&n) {
-                            p.remove(&key);
-                        }
-                        return;
-                    }
-                }
-            }
-        });
     }
 
     pub fn sizes(&self) -> [(&'static str, usize); 2] {
@@ -220,21 +195,10 @@ impl plexus::ClusterView for Caches {
         self.api.pod(namespace, name)
     }
 
-    /// With the API unreachable the attachment stands and the PATCH is retried in the background
-    /// (thin mode can only fail the ADD; a daemon outlives the call): every few seconds until it
-    /// lands, the pod is gone, or a later status of the same pod replaces it.
+    /// Journaled and written after the answer ([`StatusWriter`]): the attachment stands whatever
+    /// the API does with it, retried while the API does not take it (thin mode can only fail the
+    /// ADD; a daemon outlives the call).
     fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
-        self.metrics.api_request("patch_pod");
-        match self.api.set_network_status(namespace, name, statuses) {
-            Err(K8sError::Unavailable(why)) => {
-                tracing::warn!("network-status of {namespace}/{name}: {why}: retried in the background");
-                self.retry_status(namespace, name, statuses.to_vec());
-                Ok(())
-            }
-            other => {
-                self.pending_status.lock().unwrap_or_else(|p| p.into_inner()).remove(&format!("{namespace}/{name}"));
-                other
-            }
-        }
+        self.status.submit(namespace, name, statuses)
     }
 }

@@ -35,7 +35,8 @@ impl Endpoints {
             }
             "/metrics" => {
                 let sizes = self.caches.as_ref().map(|c| c.sizes().to_vec()).unwrap_or_default();
-                (StatusCode::OK, self.daemon.metrics.render(&sizes))
+                let pending = self.caches.as_ref().map_or(0, |c| c.status.pending());
+                (StatusCode::OK, self.daemon.metrics.render(&sizes, pending))
             }
             _ => (StatusCode::NOT_FOUND, "not found\n".into()),
         }

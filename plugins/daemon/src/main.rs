@@ -12,6 +12,7 @@ mod cluster;
 mod http;
 mod metrics;
 mod server;
+mod status;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use plexus_cni::builtin::Builtin;
 
 #[derive(Parser, Debug)]
 #[command(name = "plexus-daemon", version, about = "The plexus node daemon (daemon mode of the plexus meta-plugin)")]
@@ -48,6 +50,11 @@ struct Args {
     /// At SIGTERM, how long requests already taken may take to finish, in seconds.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// Where network-status waits to be written (root-only; one file per pod): each status is
+    /// journaled before the runtime gets its answer, PATCHed after it, and a daemon that starts
+    /// writes what an earlier one left.
+    #[arg(long, default_value = "/run/plexus/network-status")]
+    status_journal: PathBuf,
     /// Deadline of each API call (pod and NAD reads the caches miss, network-status), in seconds.
     #[arg(long, default_value_t = 5.0)]
     api_timeout: f64,
@@ -56,10 +63,24 @@ struct Args {
     /// kubelet's plugins do (every other path, `--kubeconfig` included, is then the host's).
     #[arg(long)]
     host_root: Option<PathBuf>,
+    /// Run plexus's own delegates (plexus-macvlan, plexus-host-device, plexus-ipam) on threads of
+    /// the daemon instead of starting their binaries, when the binary found in `CNI_PATH` is that
+    /// plugin of this daemon's very build (asked once per binary file; anything else is exec'd).
+    /// `false`: every delegate is exec'd.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    in_process_delegates: bool,
     /// The daemon's own log level (requests log where their config says, as in thin mode).
     #[arg(long, default_value = "info")]
     log_level: String,
 }
+
+/// The delegates the daemon carries: plexus's own plugins, run in-process when the binary a
+/// delegation finds is the same plugin of this build.
+static IN_PROCESS: [Builtin; 3] = [
+    Builtin { about: plexus_macvlan::ABOUT, plugin: &plexus_macvlan::Macvlan },
+    Builtin { about: plexus_host_device::ABOUT, plugin: &plexus_host_device::HostDevice },
+    Builtin { about: plexus_ipam_plugin::ABOUT, plugin: &plexus_ipam_plugin::Ipam },
+];
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -69,6 +90,9 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     plexus_cni::delegate::delegates_die_with_parent();
+    if args.in_process_delegates {
+        plexus_cni::builtin::carry(&IN_PROCESS);
+    }
     if let Some(root) = &args.host_root {
         nix::unistd::chroot(root).with_context(|| format!("--host-root {}: chroot", root.display()))?;
         nix::unistd::chdir("/").context("chdir / in the host root")?;
@@ -99,7 +123,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             watch_config.read_timeout = None;
             let watch = kube::Client::try_from(watch_config).context("Kubernetes client")?;
             let api = plexus_k8s::api::ApiClient::on_runtime(api, tokio::runtime::Handle::current(), timeout);
-            let caches = cluster::Caches::start(watch, api, &node, metrics.clone());
+            let caches = cluster::Caches::start(watch, api, &node, metrics.clone(), &args.status_journal)?;
             let started = tokio::time::Instant::now();
             while !caches.synced() && started.elapsed() < cluster::SYNC_WAIT {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -110,6 +134,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     cluster::SYNC_WAIT
                 );
             }
+            let replayed = caches.status.replay();
+            if replayed > 0 {
+                tracing::info!(replayed, "network-status an earlier daemon left in the journal: writing");
+            }
             Some(caches)
         }
         None => {
@@ -118,6 +146,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let view = caches.clone().map(|c| c as Arc<dyn plexus::ClusterView>);
+    let status = caches.as_ref().map(|c| c.status.clone());
     let daemon = Arc::new(server::Daemon::new(
         plexus::Meta::in_daemon(view),
         metrics,
@@ -135,6 +164,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
         }
     };
-    server::serve(listener, args.socket, daemon, stop, Duration::from_secs(args.shutdown_grace)).await;
+    // On a worker thread, not the main one: a connection accepted there runs on the same thread
+    // at once instead of being handed to a worker (a wake-up on the way of every request).
+    let grace = Duration::from_secs(args.shutdown_grace);
+    let stopped =
+        tokio::spawn(server::serve(listener, args.socket, daemon, stop, grace)).await.context("the socket server")?;
+    // The statuses of the requests answered, written within what is left of the grace period; any
+    // left stay journaled for the next daemon.
+    if let Some(status) = status {
+        let within = (stopped + grace).saturating_duration_since(tokio::time::Instant::now());
+        match tokio::task::spawn_blocking(move || status.flush(within)).await {
+            Ok(0) => {}
+            Ok(left) => tracing::warn!(left, "network-status not yet written: left in the journal"),
+            Err(e) => tracing::error!("flushing network-status: {e}"),
+        }
+    }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The daemon's Prometheus metrics: latency histograms of requests (by CNI verb) and of delegate
 //! calls (by verb, network and delegate type), errors by CNI code, Kubernetes API requests,
-//! requests refused for a full queue, and the watch caches' sizes.
+//! requests refused for a full queue, the watch caches' sizes and the network-status writes
+//! pending.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -32,6 +33,7 @@ pub struct Metrics {
     in_flight: Gauge<i64, std::sync::atomic::AtomicI64>,
     cached: Family<Labels, Gauge<u64, AtomicU64>>,
     watch_events: Family<Labels, Counter>,
+    status_pending: Gauge<u64, AtomicU64>,
 }
 
 impl Metrics {
@@ -63,7 +65,13 @@ impl Metrics {
             "Watch events applied to the caches, by kind and event (apply, delete, list)",
             watch_events.clone(),
         );
-        Metrics { registry, requests, errors, delegates, api, refused, in_flight, cached, watch_events }
+        let status_pending = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "network_status_pending",
+            "Pods whose network-status is journaled and not yet written",
+            status_pending.clone(),
+        );
+        Metrics { registry, requests, errors, delegates, api, refused, in_flight, cached, watch_events, status_pending }
     }
 
     pub fn request(&self, command: &str, took: Duration, code: Option<u32>) {
@@ -89,11 +97,13 @@ impl Metrics {
         self.in_flight.inc_by(delta);
     }
 
-    /// The exposition, with the caches' sizes as they are now.
-    pub fn render(&self, cached: &[(&'static str, usize)]) -> String {
+    /// The exposition, with the caches' sizes and the network-status writes pending as they are
+    /// now.
+    pub fn render(&self, cached: &[(&'static str, usize)], status_pending: usize) -> String {
         for (kind, n) in cached {
             self.cached.get_or_create(&vec![("kind", kind.to_string())]).set(*n as u64);
         }
+        self.status_pending.set(status_pending as u64);
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String");
         out

@@ -95,14 +95,14 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 }
 
 /// Serve until `stop` resolves; then the socket goes (new shims run thin at once) and the
-/// requests taken are finished, at most `grace`.
+/// requests taken are finished, at most `grace`. Returns when `stop` resolved.
 pub async fn serve(
     listener: UnixListener,
     path: PathBuf,
     daemon: Arc<Daemon>,
     stop: impl Future<Output = ()>,
     grace: Duration,
-) {
+) -> tokio::time::Instant {
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -119,6 +119,7 @@ pub async fn serve(
             },
         }
     }
+    let stopped = tokio::time::Instant::now();
     daemon.stopping.store(true, Ordering::SeqCst);
     drop(listener);
     let _ = std::fs::remove_file(&path);
@@ -130,6 +131,7 @@ pub async fn serve(
         0 => tracing::info!("every request answered"),
         left => tracing::error!(left, "grace period over with requests still running"),
     }
+    stopped
 }
 
 async fn not_taken(stream: &mut UnixStream, why: &str) {
@@ -195,21 +197,15 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         _ => return tracing::warn!("the shim did not confirm the request: not run"),
     }
     let command = request.env.get("CNI_COMMAND").cloned().unwrap_or_default();
-    let Ok(permit) = daemon.running.clone().acquire_owned().await else { return };
+    let Ok(permit) = daemon.running.acquire().await else { return };
     let started = Instant::now();
-    let d = daemon.clone();
-    // On the runtime's blocking pool: a thread of its own per request, reused by the next one
-    // (no thread start per request). Delegates die with the thread that started them, and a
-    // pooled thread only ends once idle, every delegate it started waited for.
-    let answered = tokio::task::spawn_blocking(move || {
-        let answer = run(&d.meta, &request);
-        drop(permit);
-        answer
-    });
-    let response = match answered.await {
-        Ok(response) => response,
-        Err(e) => return tracing::error!("a request thread failed: {e}"),
-    };
+    // On this worker's thread, which hands its other tasks to another thread meanwhile: the
+    // request runs where its connection was read, with no hand-over to a thread of the blocking
+    // pool and back (each a wake-up on the way of every request). Exec'd delegates die with the
+    // thread that started them, and this thread only ends once idle, every delegate it started
+    // waited for.
+    let response = tokio::task::block_in_place(|| run(&daemon.meta, &request));
+    drop(permit);
     let code = (response.exit != 0).then(|| error_code(&response.stdout));
     daemon.metrics.request(&command, started.elapsed(), code);
     let body = serde_json::to_vec(&response).expect("json");

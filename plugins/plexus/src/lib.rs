@@ -43,7 +43,8 @@ use serde_json::Value;
 pub use conf::MetaConf as Config;
 
 /// The meta-plugin's name and version (the shim's and the daemon's).
-pub const ABOUT: About = About { name: "plexus", version: env!("CARGO_PKG_VERSION") };
+pub const ABOUT: About =
+    About { name: "plexus", version: env!("CARGO_PKG_VERSION"), build: Some(plexus_build_id::BUILD) };
 
 /// The meta-plugin. [`Meta::thin`] is the `plexus` binary: it reads the API (or `nadDir`) on
 /// every call and forwards to the daemon when the config names one; [`Meta::in_daemon`] is the
@@ -51,18 +52,27 @@ pub const ABOUT: About = About { name: "plexus", version: env!("CARGO_PKG_VERSIO
 pub struct Meta {
     view: Option<Arc<dyn ClusterView>>,
     in_daemon: bool,
+    /// The shim already sent this request to the daemon (`shim::run`'s fast path), which did
+    /// not answer it: how that ended, instead of sending it again.
+    forwarded: Option<shim::Forwarded>,
 }
 
 impl Meta {
     /// The `plexus` binary.
     pub fn thin() -> Meta {
-        Meta { view: None, in_daemon: false }
+        Meta { view: None, in_daemon: false, forwarded: None }
+    }
+
+    /// The `plexus` binary after its fast path sent the request to the daemon and got no answer
+    /// to print (`forwarded` says why): the request runs here, as the shim's normal path would.
+    pub fn thin_after(forwarded: shim::Forwarded) -> Meta {
+        Meta { view: None, in_daemon: false, forwarded: Some(forwarded) }
     }
 
     /// Inside `plexus-daemon`: the cluster is `view` when the daemon has an API (else `nadDir`, as
     /// in thin mode), and requests are never forwarded.
     pub fn in_daemon(view: Option<Arc<dyn ClusterView>>) -> Meta {
-        Meta { view, in_daemon: true }
+        Meta { view, in_daemon: true, forwarded: None }
     }
 }
 
@@ -357,7 +367,11 @@ impl Meta {
     /// the runtime's DEL undoes before it tries again.
     fn via_daemon(&self, req: &Request, conf: &MetaConf) -> Result<Option<String>, Error> {
         let Some(socket) = conf.daemon_socket.as_deref().filter(|_| !self.in_daemon) else { return Ok(None) };
-        match shim::forward(socket, &req.stdin) {
+        let forwarded = match &self.forwarded {
+            Some(f) => f.clone(),
+            None => shim::forward(socket, &req.stdin),
+        };
+        match forwarded {
             shim::Forwarded::Answered(r) if r.exit == 0 => {
                 tracing::debug!(socket = %socket.display(), "answered by plexus-daemon");
                 Ok(Some(r.stdout))

@@ -13,7 +13,7 @@ use crate::wire;
 pub const ANSWER_DEADLINE: Duration = Duration::from_secs(1);
 
 /// How a forwarded request ended.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Forwarded {
     /// The daemon ran it: what to print and exit with.
     Answered(wire::Response),
@@ -21,6 +21,83 @@ pub enum Forwarded {
     RunHere(String),
     /// The daemon took it and went away before answering (why): it may have done part of it.
     Lost(String),
+}
+
+/// The `plexus` binary. In daemon mode the request goes to the daemon before anything else is
+/// read or checked — the daemon runs the very same entry point on the same environment and stdin,
+/// so what it prints is printed as it is. Anything short of an answer (no `daemonSocket`, no
+/// daemon, not taken in time, lost mid-request) goes the normal way, with the forwarding's outcome
+/// handed on so that it is logged and acted on there and the request is never sent twice.
+pub fn run() -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let mut stdin = Vec::new();
+    let read = std::io::stdin()
+        .lock()
+        .take(plexus_cni::plugin::STDIN_MAX_BYTES as u64 + 1)
+        .read_to_end(&mut stdin)
+        .map_err(|e| e.to_string());
+    let meta = match read.as_ref().ok().and_then(|_| daemon_socket_of(&stdin)) {
+        Some(socket) => match forward(&socket, &stdin) {
+            Forwarded::Answered(r) => {
+                let mut out = std::io::stdout().lock();
+                return match out.write_all(r.stdout.as_bytes()).and_then(|()| out.flush()) {
+                    Ok(()) => ExitCode::from(r.exit),
+                    Err(_) => ExitCode::from(1),
+                };
+            }
+            other => crate::Meta::thin_after(other),
+        },
+        None => crate::Meta::thin(),
+    };
+    let getenv = |k: &str| std::env::var(k).ok();
+    let status = match read {
+        Ok(_) => plexus_cni::plugin::dispatch(
+            crate::ABOUT,
+            &meta,
+            getenv,
+            &mut stdin.as_slice(),
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        ),
+        // As the entry point reports an unreadable stdin.
+        Err(e) => plexus_cni::plugin::dispatch(
+            crate::ABOUT,
+            &meta,
+            getenv,
+            &mut FailingRead(e),
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        ),
+    };
+    ExitCode::from(status)
+}
+
+/// The daemon socket this invocation is to go to first: a CNI verb other than VERSION, a
+/// config that names `daemonSocket`, and not plexus run as a delegate of plexus (the normal path
+/// refuses that without forwarding).
+fn daemon_socket_of(stdin: &[u8]) -> Option<std::path::PathBuf> {
+    #[derive(serde::Deserialize)]
+    struct Keys {
+        #[serde(rename = "daemonSocket")]
+        daemon_socket: Option<std::path::PathBuf>,
+    }
+    let command = std::env::var("CNI_COMMAND").ok().filter(|c| !c.is_empty())?;
+    if command.eq_ignore_ascii_case("VERSION") || crate::conf::running_as_delegate() {
+        return None;
+    }
+    if stdin.len() > plexus_cni::plugin::STDIN_MAX_BYTES {
+        return None;
+    }
+    serde_json::from_slice::<Keys>(stdin).ok()?.daemon_socket.filter(|s| !s.as_os_str().is_empty())
+}
+
+/// A stdin whose reading failed, for the entry point to report.
+struct FailingRead(String);
+
+impl Read for FailingRead {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::other(self.0.clone()))
+    }
 }
 
 /// Send this invocation (`stdin` and the process's CNI environment) to the daemon at `socket`.

@@ -70,5 +70,8 @@ impl Plugin for TestPlugin {
 }
 
 fn main() -> ExitCode {
-    plexus_cni::plugin::run(About { name: "plexus-test-plugin", version: env!("CARGO_PKG_VERSION") }, &TestPlugin)
+    plexus_cni::plugin::run(
+        About { name: "plexus-test-plugin", version: env!("CARGO_PKG_VERSION"), build: None },
+        &TestPlugin,
+    )
 }

@@ -1,0 +1,144 @@
+//! A plugin the process carries runs in-process exactly while the binary a delegation finds says
+//! it is that plugin of this build; its answer, its environment and its failures are a child's.
+//! (Each test says what its process carries; the carried set is the same in every test.)
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use plexus_cni::builtin::{self, Builtin};
+use plexus_cni::{About, CniArgs, CniEnv, CniResult, Command, Error, IpConfig, Plugin, Request, code, delegate};
+use serde_json::json;
+
+const NAME: &str = "probe-plugin";
+const BUILD: &str = "0123456789abcdef";
+
+/// The carried plugin: ADD answers with 198.18.0.2 and what its environment said; CHECK panics.
+struct InProcess;
+
+impl Plugin for InProcess {
+    fn add(&self, req: &Request) -> Result<CniResult, Error> {
+        let mut r = CniResult::default();
+        r.ips.push(IpConfig { address: "198.18.0.2/24".parse().unwrap(), gateway: None, interface: None });
+        r.interfaces.push(plexus_cni::Interface {
+            name: format!(
+                "{}/{}/{}",
+                req.env.ifname,
+                req.env.container_id,
+                req.env.args.get("K8S_POD_NAME").unwrap_or("-")
+            ),
+            sandbox: req.env.netns.as_ref().map(|p| p.display().to_string()),
+            ..Default::default()
+        });
+        let file = req.log.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default();
+        r.dns.domain = format!("{file} {}", req.log.level.as_deref().unwrap_or_default());
+        Ok(r)
+    }
+    fn del(&self, _req: &Request) -> Result<(), Error> {
+        Err(Error::new(code::DELEGATE_FAILED, "in-process DEL says no"))
+    }
+    fn check(&self, _req: &Request) -> Result<(), Error> {
+        panic!("a bug in the plugin")
+    }
+}
+
+static CARRIED: [Builtin; 1] =
+    [Builtin { about: About { name: NAME, version: "0.1.0", build: Some(BUILD) }, plugin: &InProcess }];
+
+/// The plugin's binary: a script that, asked what it is, says `NAME` of `build` and gives the
+/// device and inode of `who` (itself, as a plugin binary gives its own executable's), and answers
+/// ADD with 198.18.0.1 (so an exec'd run is told from an in-process one).
+fn install_as(dir: &Path, build: &str, who: &str) -> PathBuf {
+    let path = dir.join(NAME);
+    let script = format!(
+        "#!/bin/sh\nif [ -z \"$CNI_COMMAND\" ]; then\n  [ -n \"$PLEXUS_IDENTIFY\" ] && echo \"{NAME} {build} $(stat -L -c '%d %i' {who})\"\n  exit 0\nfi\n\
+         cat > /dev/null\necho '{{\"cniVersion\":\"1.0.0\",\"ips\":[{{\"address\":\"198.18.0.1/24\"}}]}}'\n"
+    );
+    let tmp = dir.join(".new");
+    std::fs::write(&tmp, script).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+fn install(dir: &Path, build: &str) -> PathBuf {
+    install_as(dir, build, "\"$0\"")
+}
+
+fn env(dir: &Path, command: Command) -> CniEnv {
+    CniEnv {
+        command,
+        container_id: "c1".into(),
+        netns: Some("/var/run/netns/pod-1".into()),
+        ifname: "net1".into(),
+        args: CniArgs::parse("IgnoreUnknown=1;K8S_POD_NAME=pod-1").unwrap(),
+        path: vec![dir.to_path_buf()],
+        netns_override: false,
+        vars: vec![
+            ("PLEXUS_LOG_FILE".into(), dir.join("log").display().to_string()),
+            ("PLEXUS_LOG_LEVEL".into(), "debug".into()),
+        ],
+    }
+}
+
+fn add(dir: &Path) -> CniResult {
+    let conf = json!({"cniVersion": "1.0.0", "name": "n", "type": NAME});
+    delegate::exec(NAME, Command::Add, &env(dir, Command::Add), &conf).unwrap().unwrap()
+}
+
+fn address(r: &CniResult) -> String {
+    r.ips[0].address.to_string()
+}
+
+#[test]
+fn a_carried_plugin_runs_in_process_only_while_its_binary_says_it_is_this_build() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), BUILD);
+    builtin::carry(&CARRIED);
+    let r = add(dir.path());
+    assert_eq!(address(&r), "198.18.0.2/24", "the binary is this build: in-process");
+    assert_eq!(r.interfaces[0].name, "net1/c1/pod-1", "the CNI environment is the delegation's");
+    assert_eq!(r.interfaces[0].sandbox.as_deref(), Some("/var/run/netns/pod-1"));
+    let log = dir.path().join("log");
+    assert_eq!(r.dns.domain, format!("{} debug", log.display()), "the delegation's own variables reach the plugin");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("invoked") && logged.contains("c1"), "it logs where they say: {logged}");
+
+    // Another build installed over it (a new file): seen at the next delegation.
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    install(dir.path(), "fedcba9876543210");
+    assert_eq!(address(&add(dir.path())), "198.18.0.1/24", "another build: exec'd");
+    install(dir.path(), BUILD);
+    assert_eq!(address(&add(dir.path())), "198.18.0.2/24");
+}
+
+#[test]
+fn a_wrapper_that_execs_the_plugin_and_a_binary_of_another_name_are_execd() {
+    builtin::carry(&CARRIED);
+    let dir = tempfile::tempdir().unwrap();
+    // What answers is another executable than the file delegated to (a wrapper script that execs
+    // the plugin): the wrapper's own steps must run, so it is exec'd.
+    install_as(dir.path(), BUILD, "/bin/sh");
+    assert_eq!(address(&add(dir.path())), "198.18.0.1/24", "a wrapper");
+    let path = install(dir.path(), BUILD);
+    let renamed =
+        std::fs::read_to_string(&path).unwrap().replace(&format!("{NAME} {BUILD}"), &format!("other {BUILD}"));
+    std::fs::write(dir.path().join(".other"), renamed).unwrap();
+    std::fs::set_permissions(dir.path().join(".other"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(dir.path().join(".other"), &path).unwrap();
+    assert_eq!(address(&add(dir.path())), "198.18.0.1/24", "another plugin of this build");
+}
+
+#[test]
+fn an_in_process_plugin_fails_and_panics_as_its_binary_would() {
+    builtin::carry(&CARRIED);
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), BUILD);
+    let conf = json!({"cniVersion": "1.0.0", "name": "n", "type": NAME});
+    let e = delegate::exec(NAME, Command::Del, &env(dir.path(), Command::Del), &conf).unwrap_err();
+    assert_eq!((e.code, e.msg.as_str()), (code::DELEGATE_FAILED, "in-process DEL says no"));
+    let e = delegate::exec(NAME, Command::Check, &env(dir.path(), Command::Check), &conf).unwrap_err();
+    assert_eq!(e.code, code::INTERNAL);
+    assert!(e.msg.contains("plugin panicked: a bug in the plugin"), "{e}");
+    // ... and the process goes on: the next delegation is served.
+    assert_eq!(address(&add(dir.path())), "198.18.0.2/24");
+}

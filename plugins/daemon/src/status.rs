@@ -1,0 +1,425 @@
+//! network-status from the daemon: written after the runtime has its answer, never lost to a
+//! restart.
+//!
+//! A daemon-mode ADD stands whatever its network-status PATCH does (the API down or refusing:
+//! retried until it lands; the pod gone: dropped), so the runtime need not wait for that PATCH —
+//! with a real API server it is one etcd write on the way of every pod's sandbox. What the wait
+//! bought was only this: a daemon killed before the PATCH landed failed the ADD (the shim's code
+//! 11) and the runtime's retry wrote it. Instead each status goes into a journal first — one
+//! file per pod in a root-only directory, written before the answer, removed once the PATCH
+//! landed — and a daemon that starts replays what it finds there.
+//!
+//! Per pod, the newest status wins: a status submitted while an older one of the same pod is
+//! being written replaces it, and the older one is never written after it.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use plexus_cni::files;
+use plexus_k8s::K8sError;
+use plexus_k8s::status::NetworkStatus;
+use serde::{Deserialize, Serialize};
+
+/// One PATCH of a pod's network-status, as the API client makes it.
+pub type Patch = dyn Fn(&str, &str, &[NetworkStatus]) -> Result<(), K8sError> + Send + Sync;
+
+/// A journal entry: the pod and the statuses to write.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Entry {
+    namespace: String,
+    name: String,
+    statuses: Vec<NetworkStatus>,
+}
+
+/// A pod's writes: the status to write next, and where the pod is.
+#[derive(Default)]
+struct Slot {
+    next: Option<Entry>,
+    /// In the queue, or with a writer: a newer status only replaces `next`.
+    busy: bool,
+    /// Not to be tried before (the API did not take the last try).
+    not_before: Option<Instant>,
+    /// Tries the API did not take, for the log.
+    failed: u32,
+}
+
+/// The pods with statuses to write, and the pods waiting for a writer.
+#[derive(Default)]
+struct State {
+    slots: HashMap<String, Slot>,
+    queue: VecDeque<String>,
+    writers: usize,
+}
+
+pub struct StatusWriter {
+    patch: Arc<Patch>,
+    journal: PathBuf,
+    retry: Duration,
+    state: Mutex<State>,
+    /// A pod is waiting for a writer.
+    work: Condvar,
+    /// A pod's statuses are all written.
+    idle: Condvar,
+}
+
+/// Threads that write statuses, started as they are needed. A pod's writes are one thread's at a
+/// time; a pod whose status the API did not take waits its retry in the queue, not in a thread.
+const WRITERS: usize = 2;
+
+/// Whether `s` is a Kubernetes object name of the kinds a pod reference has (RFC 1123 subdomain:
+/// lowercase letters, digits, `-` and `.`): never `/` or `_`, so `<namespace>_<name>` is a file
+/// name that splits back.
+fn object_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && !s.starts_with('.')
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+impl StatusWriter {
+    /// A writer journaling in `journal` (created root-only) that PATCHes with `patch` and tries
+    /// a PATCH the API did not take again every `retry`.
+    pub fn new(patch: Arc<Patch>, journal: &Path, retry: Duration) -> Result<Arc<StatusWriter>, plexus_cni::Error> {
+        files::ensure_private_dir(journal)?;
+        Ok(Arc::new(StatusWriter {
+            patch,
+            journal: journal.to_path_buf(),
+            retry,
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+        }))
+    }
+
+    /// Take the pod's status: journaled, then written in the background. When it cannot be
+    /// journaled, it is written before this returns (as without a journal), and an API that
+    /// does not take it then leaves it to the background.
+    pub fn submit(self: &Arc<Self>, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        let entry = Entry { namespace: namespace.into(), name: name.into(), statuses: statuses.to_vec() };
+        if !object_name(namespace) || !object_name(name) {
+            return Err(K8sError::Config(format!("pod {namespace:?}/{name:?} is not a Kubernetes object name")));
+        }
+        let mut state = self.lock();
+        if let Err(e) = self.journal_write(&entry) {
+            drop(state);
+            tracing::warn!("network-status of {namespace}/{name} not journaled ({e}): written before the answer");
+            return match (self.patch)(namespace, name, statuses) {
+                Err(K8sError::Unavailable(why)) => {
+                    tracing::warn!("network-status of {namespace}/{name}: {why}: retried in the background");
+                    self.enqueue(entry);
+                    Ok(())
+                }
+                other => other,
+            };
+        }
+        self.enqueue_locked(&mut state, entry);
+        Ok(())
+    }
+
+    /// Every status the journal holds (a daemon that stopped before writing them), written in
+    /// the background; how many.
+    pub fn replay(self: &Arc<Self>) -> usize {
+        let Ok(dir) = std::fs::read_dir(&self.journal) else { return 0 };
+        let mut replayed = 0;
+        for file in dir.flatten() {
+            let name = file.file_name().to_string_lossy().into_owned();
+            if files::is_temp_name(&name) {
+                let _ = files::remove_if_present(&file.path());
+                continue;
+            }
+            let entry =
+                std::fs::read(file.path()).ok().and_then(|b| serde_json::from_slice::<Entry>(&b).ok()).filter(|e| {
+                    journal_name(&e.namespace, &e.name) == name && object_name(&e.namespace) && object_name(&e.name)
+                });
+            match entry {
+                Some(e) => {
+                    tracing::info!("network-status of {}/{} from the journal: written now", e.namespace, e.name);
+                    self.enqueue(e);
+                    replayed += 1;
+                }
+                None => tracing::warn!("{}: not a network-status journal entry, left alone", file.path().display()),
+            }
+        }
+        replayed
+    }
+
+    /// Pods whose statuses are taken and not yet written (or given up).
+    pub fn pending(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// Wait until every status taken is written, at most `within`; how many pods are left (their
+    /// statuses stay in the journal for the next daemon).
+    pub fn flush(&self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        let mut state = self.lock();
+        while !state.slots.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            state = self.idle.wait_timeout(state, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        state.slots.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn entry_path(&self, namespace: &str, name: &str) -> PathBuf {
+        self.journal.join(journal_name(namespace, name))
+    }
+
+    /// Called with the state locked: journal writes and removals of one pod never cross.
+    fn journal_write(&self, entry: &Entry) -> Result<(), plexus_cni::Error> {
+        let bytes = serde_json::to_vec(entry).map_err(|e| plexus_cni::Error::internal(e.to_string()))?;
+        files::replace_private_via(&self.journal, &self.entry_path(&entry.namespace, &entry.name), &bytes)
+    }
+
+    fn enqueue(self: &Arc<Self>, entry: Entry) {
+        let mut state = self.lock();
+        self.enqueue_locked(&mut state, entry);
+    }
+
+    fn enqueue_locked(self: &Arc<Self>, state: &mut State, entry: Entry) {
+        let key = journal_name(&entry.namespace, &entry.name);
+        let slot = state.slots.entry(key.clone()).or_default();
+        slot.next = Some(entry);
+        slot.not_before = None;
+        if slot.busy {
+            return; // queued, or with a writer that queues it again for the newer status
+        }
+        slot.busy = true;
+        state.queue.push_back(key);
+        if state.writers < WRITERS {
+            state.writers += 1;
+            let me = self.clone();
+            std::thread::Builder::new()
+                .name("network-status".into())
+                .spawn(move || me.writer())
+                .expect("start a network-status writer");
+        }
+        self.work.notify_one();
+    }
+
+    /// A writer thread, for as long as the daemon runs: the next pod due, its newest status.
+    fn writer(&self) {
+        loop {
+            let (key, entry, failed) = self.next_due();
+            let pod = format!("{}/{}", entry.namespace, entry.name);
+            match (self.patch)(&entry.namespace, &entry.name, &entry.statuses) {
+                Err(K8sError::Unavailable(why)) => {
+                    if failed == 0 {
+                        tracing::warn!("network-status of {pod}: {why}: retried in the background");
+                    }
+                    self.retry_later(&key, entry);
+                }
+                Err(e) => {
+                    tracing::error!("network-status of {pod}: {e}");
+                    self.written(&key);
+                }
+                Ok(()) => {
+                    if failed > 0 {
+                        tracing::info!("network-status of {pod} written after the API came back");
+                    }
+                    self.written(&key);
+                }
+            }
+        }
+    }
+
+    /// Wait for a queued pod that is due, and take its newest status.
+    fn next_due(&self) -> (String, Entry, u32) {
+        let mut state = self.lock();
+        loop {
+            let now = Instant::now();
+            let due = state.queue.iter().position(|k| state.slots[k].not_before.is_none_or(|t| t <= now));
+            if let Some(i) = due {
+                let key = state.queue.remove(i).expect("a position in the queue");
+                let slot = state.slots.get_mut(&key).expect("a queued pod has its slot");
+                let entry = slot.next.take().expect("a queued pod has a status to write");
+                return (key, entry, slot.failed);
+            }
+            let soonest = state.queue.iter().filter_map(|k| state.slots[k].not_before).min();
+            state = match soonest {
+                Some(t) => {
+                    self.work.wait_timeout(state, t.saturating_duration_since(now)).unwrap_or_else(|p| p.into_inner()).0
+                }
+                None => self.work.wait(state).unwrap_or_else(|p| p.into_inner()),
+            };
+        }
+    }
+
+    /// The API did not take `entry`: the pod waits in the queue until its retry is due — or goes
+    /// at once with a newer status that came meanwhile.
+    fn retry_later(&self, key: &str, entry: Entry) {
+        let mut state = self.lock();
+        let slot = state.slots.get_mut(key).expect("a pod being written keeps its slot");
+        if slot.next.is_none() {
+            slot.next = Some(entry);
+            slot.not_before = Some(Instant::now() + self.retry);
+            slot.failed += 1;
+        }
+        state.queue.push_back(key.to_string());
+        self.work.notify_one();
+    }
+
+    /// The pod's status went (or was given up): its slot and journal entry go too, unless a newer
+    /// status came meanwhile, which is queued.
+    fn written(&self, key: &str) {
+        let mut state = self.lock();
+        let slot = state.slots.get_mut(key).expect("a pod being written keeps its slot");
+        if slot.next.is_some() {
+            slot.failed = 0;
+            state.queue.push_back(key.to_string());
+            self.work.notify_one();
+            return;
+        }
+        let _ = files::remove_if_present(&self.journal.join(key));
+        state.slots.remove(key);
+        self.idle.notify_all();
+    }
+}
+
+fn journal_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}_{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn status(ip: &str) -> Vec<NetworkStatus> {
+        vec![NetworkStatus {
+            name: "default/rail0".into(),
+            interface: Some("net1".into()),
+            ips: vec![ip.into()],
+            mac: None,
+            mtu: None,
+            default: false,
+            dns: None,
+            gateway: Vec::new(),
+            device_info: None,
+        }]
+    }
+
+    /// A fake API: the PATCHes it took, in order; unavailable while `down`; each PATCH waits
+    /// `slow`.
+    struct Api {
+        written: Mutex<Vec<(String, String)>>,
+        down: AtomicBool,
+        slow: Duration,
+        /// Pods whose PATCHes it does not take, whatever else it does.
+        refused: Mutex<Vec<String>>,
+    }
+
+    fn writer(dir: &Path, api: &Arc<Api>) -> Arc<StatusWriter> {
+        let a = api.clone();
+        let patch: Arc<Patch> = Arc::new(move |ns: &str, name: &str, s: &[NetworkStatus]| {
+            std::thread::sleep(a.slow);
+            if a.down.load(Ordering::SeqCst) || a.refused.lock().unwrap().contains(&name.to_string()) {
+                return Err(K8sError::Unavailable("down".into()));
+            }
+            a.written.lock().unwrap().push((format!("{ns}/{name}"), s[0].ips[0].clone()));
+            Ok(())
+        });
+        StatusWriter::new(patch, dir, Duration::from_millis(20)).unwrap()
+    }
+
+    fn api(down: bool, slow: Duration) -> Arc<Api> {
+        Arc::new(Api { written: Mutex::default(), down: AtomicBool::new(down), slow, refused: Mutex::default() })
+    }
+
+    fn journal(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_status_is_journaled_before_submit_returns_and_leaves_the_journal_once_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = api(false, Duration::from_millis(200));
+        let w = writer(dir.path(), &a);
+        w.submit("default", "trainer", &status("198.18.0.1")).unwrap();
+        assert_eq!(journal(dir.path()), ["default_trainer"], "journaled before the answer");
+        assert!(a.written.lock().unwrap().is_empty(), "the PATCH is not waited for");
+        assert_eq!(w.flush(Duration::from_secs(5)), 0);
+        assert_eq!(*a.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.1".to_string())]);
+        assert!(journal(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn the_newest_status_of_a_pod_wins_and_an_older_one_is_never_written_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = api(false, Duration::from_millis(50));
+        let w = writer(dir.path(), &a);
+        for i in 1..=5 {
+            w.submit("default", "trainer", &status(&format!("198.18.0.{i}"))).unwrap();
+        }
+        w.submit("default", "other", &status("198.18.1.1")).unwrap();
+        assert_eq!(w.flush(Duration::from_secs(5)), 0);
+        let written = a.written.lock().unwrap().clone();
+        let trainer: Vec<&str> =
+            written.iter().filter(|(p, _)| p == "default/trainer").map(|(_, ip)| ip.as_str()).collect();
+        assert_eq!(trainer.last(), Some(&"198.18.0.5"), "{written:?}");
+        assert!(trainer.len() < 5, "waiting statuses are replaced, not queued: {written:?}");
+        assert!(written.contains(&("default/other".to_string(), "198.18.1.1".to_string())));
+        assert!(journal(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_status_the_api_does_not_take_stays_journaled_and_the_next_writer_replays_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let down = api(true, Duration::ZERO);
+        let w = writer(dir.path(), &down);
+        w.submit("default", "trainer", &status("198.18.0.7")).unwrap();
+        assert_eq!(w.flush(Duration::from_millis(100)), 1, "still pending while the API is down");
+        assert_eq!(journal(dir.path()), ["default_trainer"]);
+        // A leftover temp file of a write that was killed, and something that is not an entry.
+        std::fs::write(dir.path().join(files::temp_name("default_x")), b"{").unwrap();
+        std::fs::write(dir.path().join("default_y"), b"not json").unwrap();
+        // The daemon restarts (a new writer on the same journal) with the API back.
+        let up = api(false, Duration::ZERO);
+        let next = writer(dir.path(), &up);
+        assert_eq!(next.replay(), 1);
+        assert_eq!(next.flush(Duration::from_secs(5)), 0);
+        assert_eq!(*up.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.7".to_string())]);
+        assert_eq!(journal(dir.path()), ["default_y"], "only what is not an entry is left");
+        down.down.store(false, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn pods_whose_status_the_api_does_not_take_hold_back_no_other_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = api(false, Duration::ZERO);
+        *a.refused.lock().unwrap() = vec!["stuck-1".into(), "stuck-2".into(), "stuck-3".into()];
+        let w = writer(dir.path(), &a);
+        for pod in ["stuck-1", "stuck-2", "stuck-3", "trainer"] {
+            w.submit("default", pod, &status("198.18.0.9")).unwrap();
+        }
+        // More refused pods than writers: each waits its retry in the queue, and the one the API
+        // takes is written meanwhile.
+        assert_eq!(w.flush(Duration::from_millis(500)), 3);
+        assert_eq!(*a.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.9".to_string())]);
+        assert_eq!(journal(dir.path()), ["default_stuck-1", "default_stuck-2", "default_stuck-3"]);
+        a.refused.lock().unwrap().clear();
+        assert_eq!(w.flush(Duration::from_secs(5)), 0);
+        assert!(journal(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_pod_reference_that_is_not_an_object_name_is_refused_before_any_file_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = writer(dir.path(), &api(false, Duration::ZERO));
+        for (ns, name) in [("default", "../x"), ("a_b", "c"), ("default", ""), ("default", "Trainer"), ("..", "x")] {
+            assert!(w.submit(ns, name, &status("198.18.0.1")).is_err(), "{ns}/{name}");
+        }
+        assert!(journal(dir.path()).is_empty());
+    }
+}

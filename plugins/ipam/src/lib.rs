@@ -1,0 +1,198 @@
+//! plexus-ipam: whereabouts-compatible IPAM.
+//!
+//! ADD: parse the ranges → the requested addresses (runtimeConfig.ips, args.cni.ips, CNI_ARGS IP)
+//! matched to their ranges → one address per range from the store (the same again for the same
+//! attachment, or for the same pod interface after a sandbox re-creation) → result with gateway,
+//! routes and dns. DEL releases by (container ID, ifname). CHECK, STATUS and GC as the spec asks.
+
+use std::net::IpAddr;
+
+use plexus_cni::{About, CniResult, Error, Plugin, Request, code};
+use plexus_ipam::store::open as open_store;
+use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
+use serde_json::Value;
+
+#[cfg(test)]
+mod tests;
+
+/// The plugin (its binary's `main`, and plexus-daemon's in-process delegate).
+pub struct Ipam;
+
+/// The plugin's name, version and build.
+pub const ABOUT: About =
+    About { name: "plexus-ipam", version: env!("CARGO_PKG_VERSION"), build: Some(plexus_build_id::BUILD) };
+
+fn owner(req: &Request, cfg: &IpamConfig) -> Owner {
+    let args = &req.env.args;
+    let pod_ref = match (args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")) {
+        (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => Some(format!("{ns}/{name}")),
+        _ => None,
+    };
+    Owner {
+        container_id: req.env.container_id.clone(),
+        ifname: req.env.ifname.clone(),
+        pod_ref,
+        node: cfg.node.clone(),
+        network: cfg.network.clone(),
+    }
+}
+
+/// Requested addresses: `runtimeConfig.ips` (capability `ips`), `args.cni.ips` and `CNI_ARGS`
+/// `IP=` (comma-separated), unioned as host-local does. CIDRs are accepted (the prefix is the range's).
+fn requested(req: &Request) -> Result<Vec<IpAddr>, Error> {
+    let mut raw: Vec<(String, &str)> = Vec::new();
+    for (source, v) in [("runtimeConfig.ips", req.config.runtime("ips")), ("args.cni.ips", req.config.cni_arg("ips"))] {
+        if let Some(Value::Array(items)) = v {
+            for item in items {
+                let s =
+                    item.as_str().ok_or_else(|| Error::invalid_config(format!("{source}: {item} is not a string")))?;
+                raw.push((s.to_string(), source));
+            }
+        }
+    }
+    if let Some(ips) = req.env.args.get("IP") {
+        raw.extend(ips.split(',').filter(|s| !s.is_empty()).map(|s| (s.to_string(), "CNI_ARGS IP")));
+    }
+    let mut out = Vec::new();
+    for (s, source) in raw {
+        let ip = s
+            .split('/')
+            .next()
+            .and_then(plexus_ipam::range::parse_addr)
+            .ok_or_else(|| Error::invalid_config(format!("invalid {source} address {s:?}")))?;
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
+}
+
+/// `CNI_ARGS` `GATEWAY=` (comma-separated, whereabouts): gateways for the result's addresses.
+fn cni_gateways(req: &Request) -> Result<Vec<IpAddr>, Error> {
+    let Some(list) = req.env.args.get("GATEWAY") else { return Ok(Vec::new()) };
+    list.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|g| {
+            plexus_ipam::range::parse_addr(g)
+                .ok_or_else(|| Error::invalid_config(format!("invalid CNI_ARGS GATEWAY {g:?}: not an IP address")))
+        })
+        .collect()
+}
+
+/// Match each requested address to the range that may hand it out.
+fn per_range(ranges: &[IpRange], requested: &[IpAddr]) -> Result<Vec<Option<IpAddr>>, IpamError> {
+    let mut out = vec![None; ranges.len()];
+    for &ip in requested {
+        let i = ranges
+            .iter()
+            .enumerate()
+            .position(|(i, r)| out[i].is_none() && r.offset_of(ip).is_some())
+            .ok_or(IpamError::Outside { ip })?;
+        out[i] = Some(ip);
+    }
+    Ok(out)
+}
+
+impl Plugin for Ipam {
+    fn known_args(&self) -> &'static [&'static str] {
+        &["IP", "GATEWAY"]
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, Error> {
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
+        let wanted = per_range(&cfg.ranges, &requested(req)?)?;
+        let store = open_store(&cfg)?;
+        let ips = store.allocate(&AllocRequest {
+            owner: owner(req, &cfg),
+            ranges: &cfg.ranges,
+            requested: wanted,
+            overlapping: cfg.overlapping,
+        })?;
+        tracing::debug!(?ips, "allocated");
+        Ok(cfg.result(&ips, &cni_gateways(req)?))
+    }
+
+    fn del(&self, req: &Request) -> Result<(), Error> {
+        let cfg = match IpamConfig::from_netconf(&req.config, &req.policy) {
+            // ADD refused this store too: nothing is held there, so DEL has nothing to do.
+            Err(IpamError::Refused(why)) => {
+                tracing::warn!("nothing released: {why}");
+                return Ok(());
+            }
+            other => other?,
+        };
+        let Some(store) = plexus_ipam::store::open_for_release(&cfg)? else {
+            tracing::debug!("no store yet: nothing to release");
+            return Ok(());
+        };
+        let released = store.release(&req.env.container_id, &req.env.ifname)?;
+        tracing::debug!(?released, "released");
+        Ok(())
+    }
+
+    fn check(&self, req: &Request) -> Result<(), Error> {
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
+        let prev = req.config.prev_result_for_check()?;
+        let held = open_store(&cfg)?.holdings(&req.env.container_id, &req.env.ifname)?;
+        if held.is_empty() {
+            return Err(Error::new(
+                code::CHECK_FAILED,
+                format!("no allocation for container {} interface {}", req.env.container_id, req.env.ifname),
+            ));
+        }
+        for a in &held {
+            if !prev.ips.iter().any(|p| p.address.ip() == a.ip) {
+                return Err(Error::new(code::CHECK_FAILED, format!("allocated address {} is not in prevResult", a.ip)));
+            }
+        }
+        Ok(())
+    }
+
+    fn status(&self, req: &Request) -> Result<(), Error> {
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
+        let unavailable = |e: IpamError| Error::new(code::PLUGIN_NOT_AVAILABLE, e.to_string());
+        let all = open_store(&cfg).and_then(|s| s.list()).map_err(unavailable)?;
+        for range in &cfg.ranges {
+            let key = range.key();
+            let used = all.iter().filter(|a| a.range == key || range.offset_of(a.ip).is_some()).count() as u128;
+            if used >= range.capacity() {
+                return Err(Error::new(code::PLUGIN_NOT_AVAILABLE, format!("no free address left in range {key}"))
+                    .with_details(format!("{used} of {} addresses allocated", range.capacity())));
+            }
+        }
+        Ok(())
+    }
+
+    fn gc(&self, req: &Request) -> Result<(), Error> {
+        let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
+        let valid = req.valid_attachments()?;
+        let store = open_store(&cfg)?;
+        let mut failures = Vec::new();
+        let mut stale = Vec::new();
+        for a in store.list()? {
+            if a.owner.network != cfg.network
+                || valid.iter().any(|v| a.owner.same_attachment(&v.container_id, &v.ifname))
+            {
+                continue;
+            }
+            match store.node_of(&a)? {
+                Some(node) if node != cfg.node => continue,
+                _ => stale.push(a),
+            }
+        }
+        let mut done = std::collections::HashSet::new();
+        for a in stale {
+            if done.insert((a.owner.container_id.clone(), a.owner.ifname.clone()))
+                && let Err(e) = store.release(&a.owner.container_id, &a.owner.ifname)
+            {
+                failures.push(format!("{}/{}: {e}", a.owner.container_id, a.owner.ifname));
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::new(code::IO_FAILURE, "GC could not release every stale allocation")
+                .with_details(failures.join("; ")))
+        }
+    }
+}
