@@ -301,6 +301,49 @@ hf meta-api-daemon env CNI_COMMAND=ADD CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPA
   --prepare "$fresh_pod" --export-json "$work/meta-api-daemon-result.json" -n plexus "$BIN/plexus"
 echo "{\"daemon\": $(awk '/VmHWM/ {print $2}' /proc/$daemon_pid/status)}" > "$work/meta-daemon-rss.json"
 daemon_down
+# Side by side with Multus thick (multus-shim -> multus-daemon v4.2.3, built by scripts/peers.sh), on
+# the same fake API server: one pod with a cluster network (the reference loopback plugin, as a
+# conf file both read) and rail0 (plexus-macvlan) from its annotation, through each daemon. Multus's
+# daemon reads the pod from its informer, the NAD from the API, execs both delegates, and writes
+# network-status (GET + PUT of the pod) before it answers; plexus's runs plexus-macvlan in-process
+# and journals network-status, PATCHed after the answer. Both the same runs, fresh pod each.
+echo '{"cniVersion": "0.3.1", "name": "lo", "type": "loopback"}' > "$work/lo.conf"
+sed "s|}\$|,\"clusterNetwork\":\"$work/lo.conf\"}|" "$work/meta-api-daemon.json" > "$work/meta-thick-plexus.json"
+PEERS_BIN=$(bash scripts/peers.sh)
+mkdir -p "$work/multus/sa" "$work/multus/run" "$work/multus/net.d" "$work/multus/bin" "$work/multus/cache"
+ln -sf "$BIN/plexus-macvlan" "$REF/loopback" "$work/multus/bin/"
+cp "$work/lo.conf" "$work/multus/net.d/00-lo.conf"
+server=$(awk '/server:/ {print $2}' "$work/kubeconfig"); hostport=${server#https://}
+awk '/token:/ {printf "%s", $2}' "$work/kubeconfig" > "$work/multus/sa/token"
+awk '/certificate-authority-data:/ {print $2}' "$work/kubeconfig" | base64 -d > "$work/multus/sa/ca.crt"
+cat > "$work/multus/daemon.json" << JSON
+{"chrootDir": "/", "cniVersion": "0.3.1", "logLevel": "error", "logToStderr": true, "binDir": "$work/multus/bin",
+ "cniDir": "$work/multus/cache", "cniConfigDir": "$work/multus/net.d", "multusAutoconfigDir": "$work/multus/net.d",
+ "multusConfigFile": "auto", "socketDir": "$work/multus/run", "clusterNetwork": "$work/lo.conf"}
+JSON
+echo "{\"cniVersion\":\"0.3.1\",\"name\":\"multus-cni-network\",\"type\":\"multus-shim\",\"daemonSocketDir\":\"$work/multus/run\"}" > "$work/multus/shim.json"
+# In-cluster configuration, as in its DaemonSet: the token and CA where client-go looks for them (a
+# tmpfs in a mount namespace of its own), the API server's address.
+ip netns exec "$node" unshare -m --propagation private sh -c "
+  mkdir -p /run/secrets && mount -t tmpfs tmpfs /run/secrets && mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
+  cp '$work/multus/sa/token' '$work/multus/sa/ca.crt' /run/secrets/kubernetes.io/serviceaccount/ &&
+  exec env KUBERNETES_SERVICE_HOST=${hostport%:*} KUBERNETES_SERVICE_PORT=${hostport##*:} MULTUS_NODE_NAME=bench-node \
+    '$PEERS_BIN/multus-daemon' -config '$work/multus/daemon.json'" 2> "$work/multus/daemon.log" &
+multus_pid=$!
+for _ in $(seq 200); do [ -S "$work/multus/run/multus.sock" ] && break; sleep 0.05; done
+[ -S "$work/multus/run/multus.sock" ] || { echo "multus-daemon did not serve" >&2; cat "$work/multus/daemon.log" >&2; exit 1; }
+fresh_thick="sh -c 'ip -n $pod link del net1 2>/dev/null; rm -rf $work/meta-cache/bench $work/multus/cache/*; true'"
+hf meta-thick-multus env CNI_COMMAND=ADD CNI_IFNAME=eth0 CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench;K8S_POD_UID=uid-bench" \
+  "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/multus/shim.json" \
+  --prepare "$fresh_thick" --export-json "$work/meta-thick-multus.json" -n multus-thick "$PEERS_BIN/multus-shim"
+kill "$multus_pid" 2>/dev/null; wait "$multus_pid" 2>/dev/null || true
+daemon_up --kubeconfig "$work/kubeconfig" --node-name bench-node
+hf meta-thick-plexus env CNI_COMMAND=ADD CNI_IFNAME=eth0 CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench;K8S_POD_UID=uid-bench" \
+  "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta-thick-plexus.json" \
+  --prepare "$fresh_thick" --export-json "$work/meta-thick-plexus-result.json" -n plexus-daemon "$BIN/plexus"
+daemon_down
+hf meta-loopback env CNI_COMMAND=ADD CNI_IFNAME=eth0 "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/lo.conf" \
+  --export-json "$work/meta-loopback.json" -n loopback "$REF/loopback"
 eval "exec ${FAKE[1]}>&-"
 wait "$FAKE_PID" 2>/dev/null || true
 ip -n "$pod" link del net1 2>/dev/null || true

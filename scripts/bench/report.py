@@ -122,16 +122,29 @@ if has("meta-rss"):
         nad_d, api_d = med("meta-daemon-result")["plexus"], med("meta-api-daemon-result")["plexus"]
         print(f"| the same through the `plexus` shim and plexus-daemon (NAD from `nadDir`) | {nad_d:.2f} |")
         print(f"| **overhead through plexus-daemon, `nadDir`** | **{nad_d - direct:.2f}** |")
-        print(f"| the same through the shim and plexus-daemon with the Kubernetes API (pod and NAD from its watch caches, status PATCH over its kept connection) | {api_d:.2f} |")
+        print(f"| the same through the shim and plexus-daemon with the Kubernetes API (pod and NAD from its watch caches, plexus-macvlan in-process, network-status journaled and PATCHed after the answer) | {api_d:.2f} |")
         print(f"| **overhead through plexus-daemon, Kubernetes API** (issue #16 target ≤ 1 ms) | **{api_d - direct:.2f}** |")
         print(f"| plexus-daemon's peak RSS after those runs (one NAD, one pod cached) | {load('meta-daemon-rss')['daemon']/1024:.1f} MiB |")
+    if has("meta-thick-multus"):
+        lo, multus, plexus = med("meta-loopback")["loopback"], med("meta-thick-multus")["multus-thick"], med("meta-thick-plexus-result")["plexus-daemon"]
+        print("\nSide by side with Multus thick, same run, same fake API server: one pod with a cluster network")
+        print("(the reference `loopback`, a conf file both read) and `rail0` (plexus-macvlan, from the pod's")
+        print("annotation), through each daemon.\n")
+        print("| what | median (ms) |")
+        print("|---|---:|")
+        print(f"| the two delegates called directly, one after the other (sum of the medians: loopback {lo:.2f} + plexus-macvlan {direct:.2f}) | {lo + direct:.2f} |")
+        print(f"| multus-shim → multus-daemon v4.2.3 (pod from its informer, NAD GET, both delegates exec'd, network-status GET + PUT before the answer) | {multus:.2f} |")
+        print(f"| plexus shim → plexus-daemon (pod and NAD from its caches, loopback exec'd, plexus-macvlan in-process, network-status after the answer) | {plexus:.2f} |")
+        print(f"| overhead over the delegates: Multus thick / plexus-daemon | {multus - lo - direct:.2f} / {plexus - lo - direct:.2f} |")
+        print(f"| **plexus-daemon / Multus thick** (time of the ADD) | **{plexus / multus:.2f}** |")
     print("\nEach timed plexus ADD is a fresh pod's: the previous run's link and delegate cache are removed")
     print("before it (outside the timing), as DEL would; the cache is written once before the delegate and")
     print("the delegate's result appended to it.")
     if has("meta-daemon-rss"):
-        print("\nThrough plexus-daemon the shim is still a process of its own (start, config, one socket round")
-        print("trip), and the delegate is started by the daemon: what daemon mode removes is the API client")
-        print("(TLS handshake, pod and NAD GETs) of every invocation, not the process.")
+        print("\nThrough plexus-daemon the shim is still a process of its own (start, one socket round trip); what")
+        print("daemon mode removes is the API client of every invocation (TLS handshake, pod and NAD GETs), the")
+        print("delegate's own process (plexus's plugins of the daemon's build run in-process) and the wait for")
+        print("the network-status PATCH (journaled before the answer, written after it).")
     print()
 
 if has("rails-macvlan") and has("rails-hostdev"):

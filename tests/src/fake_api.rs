@@ -308,6 +308,20 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
                 None => respond(404, &status_body(404, "NotFound", &format!("pods \"{name}\" not found"))),
             }
         }
+        // A whole pod written back (client-go's UpdateStatus, how Multus writes network-status):
+        // its annotations are taken.
+        ("PUT", ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
+            let sent: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let patch = json!({"metadata": {"annotations": sent["metadata"]["annotations"].clone()}});
+            s.patches.push((path.clone(), patch.clone()));
+            match s.pods.get_mut(&(ns.to_string(), name.to_string())) {
+                Some(p) => {
+                    merge(p, &patch);
+                    respond(200, p)
+                }
+                None => respond(404, &status_body(404, "NotFound", &format!("pods \"{name}\" not found"))),
+            }
+        }
         // Lists of every namespace (the daemon's reflectors; a field selector is not applied).
         ("GET", ["api", "v1", "pods"]) => respond(200, &list("PodList", "v1", s.pods.values())),
         ("GET", ["apis", "k8s.cni.cncf.io", "v1", "network-attachment-definitions"]) => {
