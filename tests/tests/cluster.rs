@@ -1341,6 +1341,13 @@ fn through_plexus_daemon_pods_with_one_and_eight_networks_start_and_its_metrics_
     assert!(sample(&m, "cached_objects{kind=\"pod\"}") >= 2.0, "{m}");
     assert!(m.contains("plexus_daemon_request_duration_seconds_bucket{le="), "{m}");
     assert!(!c.plexus_log().contains("thin mode"), "no shim ran a request itself:\n{}", c.plexus_log());
+    // The DaemonSet installs the binaries of its image and runs its daemon: the daemon (chrooted
+    // into the host's root) finds plexus-macvlan of its own build and runs it in-process.
+    let log = c.plexus_log();
+    assert!(
+        log.lines().any(|l| l.contains("runs in-process: this build") && l.contains("plexus-macvlan")),
+        "plexus-macvlan was not run in-process:\n{log}"
+    );
     c.delete("default", &["pod", "one", "eight"]);
     wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
     c.wait_no_state_or_cache();

@@ -4,7 +4,8 @@
 //! 2-core machine), so plexus-daemon links plexus's own plugins and runs them on a thread of its
 //! own instead of exec'ing their binaries. The rule that keeps this exactly what exec would do:
 //! a delegation runs a carried plugin in-process only when the file it would exec *is* that
-//! plugin of this very build. The file is asked once: run with [`IDENTIFY_ENV`] and no
+//! plugin of this very build. Only a file named as a carried plugin is considered, and it is
+//! asked once: run with [`IDENTIFY_ENV`] and no
 //! `CNI_COMMAND`, a plexus plugin prints its name, its build and the device and inode of the
 //! executable the kernel runs (`/proc/self/exe`), and all four must match — the carried plugin's
 //! name and build, the file's device and inode. Anything else is exec'd as before: another
@@ -86,6 +87,11 @@ fn seen<T>(f: impl FnOnce(&mut Seen) -> T) -> T {
 /// or the binary is anything else.
 pub fn lookup(binary: &Path) -> Option<&'static Builtin> {
     let carried = CARRIED.get().filter(|c| !c.is_empty())?;
+    // Only a file named as a carried plugin is asked: any other plugin is exec'd unasked.
+    let name = binary.file_name()?.to_str()?;
+    if !carried.iter().any(|b| b.about.name == name) {
+        return None;
+    }
     let id = FileId::of(binary)?;
     if let Some((known, builtin)) = seen(|s| s.get(binary).copied())
         && known == id

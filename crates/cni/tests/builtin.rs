@@ -126,6 +126,20 @@ fn a_wrapper_that_execs_the_plugin_and_a_binary_of_another_name_are_execd() {
     std::fs::set_permissions(dir.path().join(".other"), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::rename(dir.path().join(".other"), &path).unwrap();
     assert_eq!(address(&add(dir.path())), "198.18.0.1/24", "another plugin of this build");
+    // A file of another name is never asked, even one that would say it is the carried plugin.
+    let asked = dir.path().join("asked");
+    let other = dir.path().join("other-plugin");
+    let script = format!(
+        "#!/bin/sh\nif [ -n \"$PLEXUS_IDENTIFY\" ]; then touch {}; echo \"{NAME} {BUILD} $(stat -L -c '%d %i' \"$0\")\"; exit 0; fi\n\
+         cat > /dev/null\necho '{{\"cniVersion\":\"1.0.0\",\"ips\":[{{\"address\":\"198.18.0.3/24\"}}]}}'\n",
+        asked.display()
+    );
+    std::fs::write(&other, script).unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = json!({"cniVersion": "1.0.0", "name": "n", "type": "other-plugin"});
+    let r = delegate::exec("other-plugin", Command::Add, &env(dir.path(), Command::Add), &conf).unwrap().unwrap();
+    assert_eq!(address(&r), "198.18.0.3/24");
+    assert!(!asked.exists(), "a plugin of another name was asked what it is");
 }
 
 #[test]
