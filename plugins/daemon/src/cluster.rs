@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use plexus_k8s::api::{ApiClient, PodInfo};
@@ -22,11 +22,60 @@ use plexus_k8s::{K8sError, Nad};
 use crate::metrics::Metrics;
 use crate::status::{Patch, StatusWriter};
 
-fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    )
+/// A NetworkAttachmentDefinition as the cache keeps it: its metadata (trimmed to name, namespace
+/// and the resourceName annotation) and `spec.config`, the only field of its spec plexus reads.
+/// A type of its own rather than kube's `DynamicObject`: no per-object copy of the API resource's
+/// names in the cache's keys, no JSON map per object, and the other fields of the objects a list
+/// decodes are skipped rather than built (issue #16: the daemon's memory with 5,000 NADs).
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+struct CachedNad {
+    metadata: kube::api::ObjectMeta,
+    #[serde(default, deserialize_with = "spec_or_empty")]
+    spec: NadSpec,
+}
+
+/// The spec, or an empty one when it is not an object of that shape.
+fn spec_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<NadSpec, D::Error> {
+    let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
+    Ok(serde_json::from_value(v).unwrap_or_default())
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+struct NadSpec {
+    /// A NAD is tenant-written: whatever `config` is (the CRD says a string; a cluster may have
+    /// installed another), it never fails the decoding of the list it came in.
+    #[serde(default, deserialize_with = "text_or_empty")]
+    config: String,
+}
+
+/// A string, or "" for any other JSON value (as `plexus_k8s::Nad::from_object` reads it).
+fn text_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
+    Ok(v.as_str().map(str::to_string).unwrap_or_default())
+}
+
+impl kube::Resource for CachedNad {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "NetworkAttachmentDefinition".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "k8s.cni.cncf.io".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "network-attachment-definitions".into()
+    }
+    fn meta(&self) -> &kube::api::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
+        &mut self.metadata
+    }
 }
 
 /// Keep of an object's metadata only what plexus reads: name, namespace, UID, resource version
@@ -45,7 +94,7 @@ fn trim(meta: &mut kube::api::ObjectMeta, keep: &[&str]) {
 }
 
 pub struct Caches {
-    nads: Store<DynamicObject>,
+    nads: Store<CachedNad>,
     pods: Store<PartialObjectMeta<Pod>>,
     api: Arc<ApiClient>,
     metrics: Arc<Metrics>,
@@ -89,19 +138,14 @@ impl Caches {
         metrics: Arc<Metrics>,
         journal: &Path,
     ) -> anyhow::Result<Arc<Caches>> {
-        let resource = nad_resource();
-        let nad_writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
-        let nads = nad_writer.as_reader();
-        let nad_stream = watcher(Api::<DynamicObject>::all_with(watch.clone(), &resource), watcher::Config::default())
+        let (nads, nad_writer) = reflector::store::<CachedNad>();
+        let nad_stream = watcher(Api::<CachedNad>::all(watch.clone()), watcher::Config::default())
             .default_backoff()
-            .modify(|o: &mut DynamicObject| {
+            .modify(|o: &mut CachedNad| {
                 trim(&mut o.metadata, &[RESOURCE_NAME_ANNOTATION]);
                 // A NAD is read for its name, namespace, annotation and spec.config only.
                 o.metadata.uid = None;
                 o.metadata.resource_version = None;
-                o.types = None;
-                let config = o.data.pointer_mut("/spec/config").map(serde_json::Value::take);
-                o.data = serde_json::json!({"spec": {"config": config}});
             })
             .reflect(nad_writer);
         let (pods, pod_writer) = reflector::store::<PartialObjectMeta<Pod>>();
@@ -169,9 +213,13 @@ pub const SYNC_WAIT: Duration = Duration::from_secs(10);
 
 impl NadSource for Caches {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
-        let key = ObjectRef::new_with(name, nad_resource()).within(namespace);
-        match self.nads.get(&key) {
-            Some(obj) => Nad::from_object(&serde_json::to_value(&*obj).map_err(|e| K8sError::Config(e.to_string()))?),
+        match self.nads.get(&ObjectRef::new(name).within(namespace)) {
+            Some(obj) => Ok(Nad {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                resource_name: obj.metadata.annotations.as_ref().and_then(|a| a.get(RESOURCE_NAME_ANNOTATION)).cloned(),
+                config: obj.spec.config.clone(),
+            }),
             None => {
                 // Created a moment ago, or not there at all: the API says which.
                 self.metrics.api_request("get_network_attachment_definition");
@@ -200,5 +248,39 @@ impl plexus::ClusterView for Caches {
     /// ADD; a daemon outlives the call).
     fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         self.status.submit(namespace, name, statuses)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nad_list_decodes_whatever_a_tenant_put_in_spec() {
+        let list = serde_json::json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinitionList",
+        "metadata": {"resourceVersion": "7"},
+        "items": [
+            {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+             "metadata": {"name": "rail0", "namespace": "ml", "uid": "u1",
+                          "annotations": {RESOURCE_NAME_ANNOTATION: "nvidia.com/rdma"}},
+             "spec": {"config": "{\"cniVersion\":\"1.0.0\",\"type\":\"plexus-macvlan\"}"}},
+            {"metadata": {"name": "number", "namespace": "ml"}, "spec": {"config": 42}},
+            {"metadata": {"name": "text-spec", "namespace": "ml"}, "spec": "not an object"},
+            {"metadata": {"name": "no-spec", "namespace": "ml"}}
+        ]});
+        let decoded: kube::core::ObjectList<CachedNad> = serde_json::from_value(list).unwrap();
+        let configs: Vec<(&str, &str)> =
+            decoded.items.iter().map(|n| (n.metadata.name.as_deref().unwrap(), n.spec.config.as_str())).collect();
+        assert_eq!(
+            configs,
+            [
+                ("rail0", "{\"cniVersion\":\"1.0.0\",\"type\":\"plexus-macvlan\"}"),
+                ("number", ""),
+                ("text-spec", ""),
+                ("no-spec", "")
+            ]
+        );
+        let rail0 = &decoded.items[0];
+        assert_eq!(rail0.metadata.annotations.as_ref().unwrap()[RESOURCE_NAME_ANNOTATION], "nvidia.com/rdma");
     }
 }
