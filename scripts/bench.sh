@@ -300,6 +300,15 @@ hf meta-api-daemon env CNI_COMMAND=ADD CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPA
   "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --input "$work/meta-api-daemon.json" \
   --prepare "$fresh_pod" --export-json "$work/meta-api-daemon-result.json" -n plexus "$BIN/plexus"
 echo "{\"daemon\": $(awk '/VmHWM/ {print $2}' /proc/$daemon_pid/status)}" > "$work/meta-daemon-rss.json"
+# The direct ADD and the one through the daemon once more, timed in alternation run after run, so
+# that a drift of the machine's speed falls on both alike (scripts/bench/interleaved.py).
+printf 'CNI_COMMAND=ADD\nCNI_CONTAINERID=bench\nCNI_NETNS=/run/netns/%s\nCNI_IFNAME=net1\nCNI_PATH=%s:%s\n' \
+  "$pod" "$BIN" "$REF" > "$work/direct.env"
+{ cat "$work/direct.env"; echo "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench;K8S_POD_UID=uid-bench"; } \
+  > "$work/api.env"
+ip netns exec "$node" python3 scripts/bench/interleaved.py "$work/meta-interleaved.json" "$RUNS" "$fresh_pod" \
+  "plexus-macvlan=$work/direct.env:$work/direct.json:$BIN/plexus-macvlan" \
+  "plexus-daemon=$work/api.env:$work/meta-api-daemon.json:$BIN/plexus" > /dev/null
 daemon_down
 # Side by side with Multus thick (multus-shim -> multus-daemon v4.2.3, built by scripts/peers.sh), on
 # the same fake API server: one pod with a cluster network (the reference loopback plugin, as a

@@ -124,6 +124,10 @@ if has("meta-rss"):
         print(f"| **overhead through plexus-daemon, `nadDir`** | **{nad_d - direct:.2f}** |")
         print(f"| the same through the shim and plexus-daemon with the Kubernetes API (pod and NAD from its watch caches, plexus-macvlan in-process, network-status journaled and PATCHed after the answer) | {api_d:.2f} |")
         print(f"| **overhead through plexus-daemon, Kubernetes API** (issue #16 target ≤ 1 ms) | **{api_d - direct:.2f}** |")
+        if has("meta-interleaved"):
+            il = load("meta-interleaved")
+            print(f"| the same two ADDs timed in alternation, run after run ({il['runs']} each): plexus-macvlan / through plexus-daemon | {il['median_ms']['plexus-macvlan']:.2f} / {il['median_ms']['plexus-daemon']:.2f} |")
+            print(f"| **overhead through plexus-daemon, Kubernetes API, runs alternated** (median of the paired differences) | **{il['paired_difference_ms']:.2f}** |")
         print(f"| plexus-daemon's peak RSS after those runs (one NAD, one pod cached) | {load('meta-daemon-rss')['daemon']/1024:.1f} MiB |")
     if has("meta-thick-multus"):
         lo, multus, plexus = med("meta-loopback")["loopback"], med("meta-thick-multus")["multus-thick"], med("meta-thick-plexus-result")["plexus-daemon"]
