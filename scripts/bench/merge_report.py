@@ -13,7 +13,8 @@ def split(text):
     head, sections = parts[0], []
     for p in parts[1:]:
         heading, _, body = p.partition("\n")
-        sections.append((heading, body))
+        # Each section ends in exactly one blank line, whatever its printer left.
+        sections.append((heading, body.rstrip("\n") + "\n\n"))
     return head, sections
 
 new_head, new = split(open(sys.argv[1]).read())
@@ -39,4 +40,4 @@ for heading, body in old:
 for heading, body in new:
     if heading in fresh:
         out.append(f"{heading}\n{body}")
-sys.stdout.write("".join(out))
+sys.stdout.write("".join(out).rstrip("\n") + "\n")
