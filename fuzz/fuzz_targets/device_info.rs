@@ -14,5 +14,5 @@ fuzz_target!(|data: &[u8]| {
     .expect("fixed result");
     let all = statuses("ns/rail0", "net1", &result, false, Some(&info));
     assert_eq!(all.len(), 1);
-    let _ = annotation_patch(&all);
+    let _ = annotation_patch(&all, "");
 });

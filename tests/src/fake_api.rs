@@ -301,6 +301,15 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
             let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             s.patches.push((path.clone(), patch.clone()));
             match s.pods.get_mut(&(ns.to_string(), name.to_string())) {
+                // As kube-apiserver: a patch naming another UID (an earlier pod of the name) is
+                // refused, metadata.uid being immutable.
+                Some(p) if patch["metadata"]["uid"].as_str().is_some_and(|u| p["metadata"]["uid"] != u) => {
+                    let message = format!(
+                        "Pod \"{name}\" is invalid: metadata.uid: Invalid value: {}: field is immutable",
+                        patch["metadata"]["uid"]
+                    );
+                    respond(422, &status_body(422, "Invalid", &message))
+                }
                 Some(p) => {
                     merge(p, &patch);
                     respond(200, p)

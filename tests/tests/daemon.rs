@@ -609,6 +609,48 @@ fn a_network_status_a_killed_daemon_had_not_written_is_written_by_the_next_one()
 }
 
 #[test]
+fn a_journaled_network_status_of_a_pod_since_recreated_under_its_name_is_given_up_not_written_to_the_new_pod() {
+    use plexus_tests::fake_api::Fault;
+    let n = Node::new();
+    let (api, kubeconfig, c) = n.with_api("198.18.35.0/24");
+    let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"];
+    let mut d = n.daemon(&args);
+    api.fault(Fault {
+        method: "PATCH",
+        path_contains: "/pods/trainer".into(),
+        status: Some(503),
+        delay: None,
+        times: usize::MAX,
+    });
+    assert!(n.run_trainer("ADD", &c).success());
+    let entry: Value = serde_json::from_slice(&std::fs::read(n.journal().join("default_trainer")).unwrap()).unwrap();
+    assert_eq!(entry["uid"], "uid-trainer", "the journal keeps the UID the runtime named");
+    d.kill();
+    // While no daemon runs, the pod is deleted and a new one of the same name is made (a
+    // StatefulSet's): the journaled status is not the new pod's.
+    api.clear_faults();
+    api.add_pod("default", "trainer", "uid-trainer-2", json!({"k8s.v1.cni.cncf.io/networks": "rail0"}));
+    let next = n.daemon(&args);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !n.journaled().is_empty() {
+        assert!(Instant::now() < deadline, "the entry stayed in the journal: {}", next.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(n.status_of(&api).is_none(), "the new pod got the old pod's network-status");
+    let log = next.log_text();
+    assert!(log.contains("network-status of default/trainer given up") && log.contains("422"), "{log}");
+    // Given up once, not retried.
+    let patches =
+        || api.requests().iter().filter(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/trainer")).count();
+    let tried = patches();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(patches(), tried, "the refused PATCH was tried again");
+    // The old sandbox's DEL still cleans up.
+    assert!(n.run_trainer("DEL", &c).success());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}
+
+#[test]
 fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can_and_the_add_stands() {
     use plexus_tests::fake_api::Fault;
     let n = Node::new();

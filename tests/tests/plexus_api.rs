@@ -84,6 +84,7 @@ fn the_pod_annotation_attaches_two_networks_and_network_status_is_patched() {
     let patches = c.api.patches();
     assert_eq!(patches.len(), 1, "{patches:?}");
     assert_eq!(patches[0].0, "/api/v1/namespaces/ml/pods/trainer-0");
+    assert_eq!(patches[0].1["metadata"]["uid"], "uid-1", "the PATCH names the pod the runtime named");
     let text = patches[0].1["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str().unwrap();
     let status: Value = serde_json::from_str(text).unwrap();
     let mac0 = c.lab.pod.link("net1").unwrap().address;

@@ -158,10 +158,19 @@ fn identity_of(binary: &Path) -> Option<String> {
             }
         }
     };
+    // What it printed is in the pipe now; a process it left behind holding the pipe open must
+    // not keep this reading: what is there is read, nothing is waited for.
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
     use std::io::Read;
-    let mut said = String::new();
-    child.stdout.take()?.take(4096).read_to_string(&mut said).ok()?;
-    status.success().then_some(said)
+    let out = child.stdout.take()?;
+    fcntl(&out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).ok()?;
+    let mut said = Vec::new();
+    match out.take(4096).read_to_end(&mut said) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        Err(_) => return None,
+    }
+    status.success().then(|| String::from_utf8(said).ok()).flatten()
 }
 
 /// Run `builtin` for one delegation on this thread: `env` is what the environment of its binary

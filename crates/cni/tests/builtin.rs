@@ -156,3 +156,28 @@ fn an_in_process_plugin_fails_and_panics_as_its_binary_would() {
     // ... and the process goes on: the next delegation is served.
     assert_eq!(address(&add(dir.path())), "198.18.0.2/24");
 }
+
+#[test]
+fn a_binary_that_leaves_a_process_holding_its_output_is_not_waited_for() {
+    builtin::carry(&CARRIED);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(NAME);
+    let pid_file = dir.path().join("lingering.pid");
+    // Asked what it is, it answers and exits, leaving a process with its stdout open behind.
+    let script = format!(
+        "#!/bin/sh\nif [ -z \"$CNI_COMMAND\" ]; then\n  echo \"{NAME} {BUILD} $(stat -L -c '%d %i' \"$0\")\"\n  \
+         sleep 20 &\n  echo $! > {}\n  exit 0\nfi\n",
+        pid_file.display()
+    );
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let started = std::time::Instant::now();
+    let r = add(dir.path());
+    let took = started.elapsed();
+    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid.trim().parse().unwrap()), nix::sys::signal::SIGKILL);
+    }
+    assert_eq!(address(&r), "198.18.0.2/24", "its answer was read: in-process");
+    assert!(took < std::time::Duration::from_secs(10), "the delegation waited {took:?} for the lingering process");
+}

@@ -88,11 +88,12 @@ fn nads() -> ApiResource {
 }
 
 /// Why a call failed: gone (404), a conflict (409, or 422 from a JSON Patch `test`), retryable,
-/// or final.
+/// refused (the request itself), or final.
 enum Failure {
     NotFound,
     Conflict(String),
     Retry(String),
+    Refused(String),
     Final(String),
 }
 
@@ -117,7 +118,9 @@ fn classify(e: kube::Error) -> Failure {
         kube::Error::Api(s) if s.code == 404 => Failure::NotFound,
         kube::Error::Api(s) if s.code == 409 || s.code == 422 => Failure::Conflict(format!("{} {}", s.code, s.message)),
         kube::Error::Api(s) if s.code >= 500 || s.code == 429 => Failure::Retry(format!("{} {}", s.code, s.message)),
-        kube::Error::Api(s) => Failure::Final(format!("{} {}", s.code, s.message)),
+        // Credentials, RBAC and timeouts can be mended without changing the request.
+        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 408) => Failure::Final(format!("{} {}", s.code, s.message)),
+        kube::Error::Api(s) => Failure::Refused(format!("{} {}", s.code, s.message)),
         kube::Error::HyperError(e) => Failure::Retry(e.to_string()),
         // The connection failed under the request (closed, refused): worth another attempt.
         kube::Error::Service(e) => Failure::Retry(e.to_string()),
@@ -172,6 +175,7 @@ impl ApiClient {
                         Failure::NotFound => return Ok(Outcome::NotFound),
                         Failure::Conflict(m) => return Ok(Outcome::Conflict(m)),
                         Failure::Final(m) => return Err(K8sError::Unavailable(format!("{what}: {m}"))),
+                        Failure::Refused(m) => return Err(K8sError::Refused(format!("{what}: {m}"))),
                         Failure::Retry(m) => last = m,
                     },
                 }
@@ -190,7 +194,7 @@ impl ApiClient {
         match self.attempt(what, call)? {
             Outcome::Done(v) => Ok(Some(v)),
             Outcome::NotFound => Ok(None),
-            Outcome::Conflict(m) => Err(K8sError::Unavailable(format!("{what}: {m}"))),
+            Outcome::Conflict(m) => Err(K8sError::Refused(format!("{what}: {m}"))),
         }
     }
 
@@ -247,10 +251,17 @@ impl ApiClient {
     }
 
     /// Set `k8s.v1.cni.cncf.io/network-status` with a JSON merge patch; a pod that is gone is
-    /// not an error.
-    pub fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+    /// not an error. With the pod's `uid` (when known) the patch names it: a later pod of the same
+    /// name is not patched (the API refuses the patch, 422: `metadata.uid` is immutable).
+    pub fn set_network_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        statuses: &[NetworkStatus],
+    ) -> Result<(), K8sError> {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pods());
-        let patch = Patch::Merge(annotation_patch(statuses));
+        let patch = Patch::Merge(annotation_patch(statuses, uid));
         let params = PatchParams::default();
         self.call(&format!("patch pod {namespace}/{name}"), || api.patch(name, &params, &patch))?;
         Ok(())

@@ -16,6 +16,11 @@ pub enum K8sError {
     /// The API server did not answer in time, or answered with a server error.
     #[error("Kubernetes API: {0}")]
     Unavailable(String),
+    /// The API server refused the request itself (400, 409, 413, 422...): the same request
+    /// would be refused again, so a writer that outlives the call (plexus-daemon's network-status)
+    /// gives it up rather than retrying. A runtime still gets code 11: its retry is a new request.
+    #[error("Kubernetes API: {0}")]
+    Refused(String),
     /// Reading local files (NAD dir, checkpoint, cache).
     #[error("{0}")]
     Io(String),
@@ -25,7 +30,7 @@ impl From<K8sError> for Error {
     fn from(e: K8sError) -> Self {
         let c = match &e {
             K8sError::Selection(_) | K8sError::NadNotFound { .. } | K8sError::Config(_) => code::INVALID_NETWORK_CONFIG,
-            K8sError::Unavailable(_) => code::TRY_AGAIN_LATER,
+            K8sError::Unavailable(_) | K8sError::Refused(_) => code::TRY_AGAIN_LATER,
             K8sError::Io(_) => code::IO_FAILURE,
         };
         Error::new(c, e.to_string())

@@ -76,10 +76,15 @@ pub fn statuses(
     }
 }
 
-/// The JSON merge patch that sets the annotation on the pod.
-pub fn annotation_patch(statuses: &[NetworkStatus]) -> Value {
+/// The JSON merge patch that sets the annotation on the pod; with the pod's `uid` (not empty)
+/// it applies only to that pod, not to a later one of the same name.
+pub fn annotation_patch(statuses: &[NetworkStatus], uid: &str) -> Value {
     let text = serde_json::to_string_pretty(statuses).expect("json");
-    serde_json::json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: text}}})
+    let mut patch = serde_json::json!({"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: text}}});
+    if !uid.is_empty() {
+        patch["metadata"]["uid"] = uid.into();
+    }
+    patch
 }
 
 #[cfg(test)]
@@ -101,7 +106,15 @@ mod tests {
             json!([{"name": "ml/rail0", "interface": "net1", "ips": ["198.18.0.5"], "mac": "02:00:00:00:00:01",
                     "mtu": 9000, "dns": {"nameservers": ["198.18.0.53"]}, "gateway": ["198.18.0.1"], "device-info": info}])
         );
-        let patch = annotation_patch(&s);
+        let patch = annotation_patch(&s, "");
         assert!(patch["metadata"]["annotations"][NETWORK_STATUS_ANNOTATION].as_str().unwrap().contains("ml/rail0"));
+        assert_eq!(patch["metadata"].get("uid"), None);
+    }
+
+    #[test]
+    fn the_patch_names_the_pods_uid_when_it_is_known() {
+        let patch = annotation_patch(&[], "b9c0bef6-3fd6-4547-9350-a684f863e347");
+        assert_eq!(patch["metadata"]["uid"], "b9c0bef6-3fd6-4547-9350-a684f863e347");
+        assert_eq!(patch["metadata"]["annotations"][NETWORK_STATUS_ANNOTATION], "[]");
     }
 }

@@ -20,7 +20,7 @@ use plexus_k8s::status::NetworkStatus;
 use plexus_k8s::{K8sError, Nad};
 
 use crate::metrics::Metrics;
-use crate::status::{Patch, StatusWriter};
+use crate::status::{Patch, PodRef, StatusWriter};
 
 /// A NetworkAttachmentDefinition as the cache keeps it: its metadata (trimmed to name, namespace
 /// and the resourceName annotation) and `spec.config`, the only field of its spec plexus reads.
@@ -180,9 +180,9 @@ impl Caches {
         let synced = Arc::new(AtomicBool::new(false));
         let api = Arc::new(api);
         let (patching, counting) = (api.clone(), metrics.clone());
-        let patch: Arc<Patch> = Arc::new(move |namespace: &str, name: &str, statuses: &[NetworkStatus]| {
+        let patch: Arc<Patch> = Arc::new(move |pod: &PodRef, statuses: &[NetworkStatus]| {
             counting.api_request("patch_pod");
-            patching.set_network_status(namespace, name, statuses)
+            patching.set_network_status(&pod.namespace, &pod.name, &pod.uid, statuses)
         });
         let status = StatusWriter::new(patch, journal, STATUS_RETRY)
             .map_err(|e| anyhow::anyhow!("network-status journal {}: {e}", journal.display()))?;
@@ -246,8 +246,14 @@ impl plexus::ClusterView for Caches {
     /// Journaled and written after the answer ([`StatusWriter`]): the attachment stands whatever
     /// the API does with it, retried while the API does not take it (thin mode can only fail the
     /// ADD; a daemon outlives the call).
-    fn set_network_status(&self, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
-        self.status.submit(namespace, name, statuses)
+    fn set_network_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        statuses: &[NetworkStatus],
+    ) -> Result<(), K8sError> {
+        self.status.submit(&PodRef { namespace: namespace.into(), name: name.into(), uid: uid.into() }, statuses)
     }
 }
 

@@ -10,7 +10,9 @@
 //! landed — and a daemon that starts replays what it finds there.
 //!
 //! Per pod, the newest status wins: a status submitted while an older one of the same pod is
-//! being written replaces it, and the older one is never written after it.
+//! being written replaces it, and the older one is never written after it. A status names its
+//! pod's UID, so it never lands on a later pod of the same name (the API refuses that PATCH); a
+//! PATCH the API refuses for what it is (not for being down) is given up, not retried.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -22,14 +24,25 @@ use plexus_k8s::K8sError;
 use plexus_k8s::status::NetworkStatus;
 use serde::{Deserialize, Serialize};
 
+/// The pod a status is for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    /// As the runtime named it; empty when it named none (then the PATCH names no UID). Absent
+    /// from entries journaled before the UID was kept.
+    #[serde(default)]
+    pub uid: String,
+}
+
 /// One PATCH of a pod's network-status, as the API client makes it.
-pub type Patch = dyn Fn(&str, &str, &[NetworkStatus]) -> Result<(), K8sError> + Send + Sync;
+pub type Patch = dyn Fn(&PodRef, &[NetworkStatus]) -> Result<(), K8sError> + Send + Sync;
 
 /// A journal entry: the pod and the statuses to write.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Entry {
-    namespace: String,
-    name: String,
+    #[serde(flatten)]
+    pod: PodRef,
     statuses: Vec<NetworkStatus>,
 }
 
@@ -68,6 +81,14 @@ pub struct StatusWriter {
 /// time; a pod whose status the API did not take waits its retry in the queue, not in a thread.
 const WRITERS: usize = 2;
 
+/// The longest wait between two tries of a pod's status: the wait doubles from the writer's
+/// `retry` up to this while the API does not take it.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Journal file names longer than this (a long namespace and pod name: the temp file beside it
+/// would pass the file system's 255 bytes) name the pod by a digest instead.
+const JOURNAL_NAME_MAX: usize = 200;
+
 /// Whether `s` is a Kubernetes object name of the kinds a pod reference has (RFC 1123 subdomain:
 /// lowercase letters, digits, `-` and `.`): never `/` or `_`, so `<namespace>_<name>` is a file
 /// name that splits back.
@@ -95,27 +116,43 @@ impl StatusWriter {
 
     /// Take the pod's status: journaled, then written in the background. When it cannot be
     /// journaled, it is written before this returns (as without a journal), and an API that
-    /// does not take it then leaves it to the background.
-    pub fn submit(self: &Arc<Self>, namespace: &str, name: &str, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
-        let entry = Entry { namespace: namespace.into(), name: name.into(), statuses: statuses.to_vec() };
+    /// does not take it then leaves it to the background; so is it when an older status of the
+    /// pod is still to be written (it replaces that one, which must not land after it).
+    pub fn submit(self: &Arc<Self>, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        let (namespace, name) = (&pod.namespace, &pod.name);
         if !object_name(namespace) || !object_name(name) {
             return Err(K8sError::Config(format!("pod {namespace:?}/{name:?} is not a Kubernetes object name")));
         }
+        let entry = Entry { pod: pod.clone(), statuses: statuses.to_vec() };
+        let key = journal_name(namespace, name);
         let mut state = self.lock();
-        if let Err(e) = self.journal_write(&entry) {
-            drop(state);
-            tracing::warn!("network-status of {namespace}/{name} not journaled ({e}): written before the answer");
-            return match (self.patch)(namespace, name, statuses) {
-                Err(K8sError::Unavailable(why)) => {
-                    tracing::warn!("network-status of {namespace}/{name}: {why}: retried in the background");
-                    self.enqueue(entry);
-                    Ok(())
-                }
-                other => other,
-            };
+        let Err(e) = self.journal_write(&entry) else {
+            self.enqueue_locked(&mut state, entry);
+            return Ok(());
+        };
+        // An older entry of the pod would be replayed after this status by the next daemon.
+        let _ = files::remove_if_present(&self.journal.join(&key));
+        if state.slots.contains_key(&key) {
+            tracing::warn!("network-status of {namespace}/{name} not journaled ({e}): written in the background");
+            self.enqueue_locked(&mut state, entry);
+            return Ok(());
         }
-        self.enqueue_locked(&mut state, entry);
-        Ok(())
+        // The pod's writes are this call's until the PATCH is done: a newer status meanwhile
+        // waits in the slot, and goes after it.
+        state.slots.insert(key.clone(), Slot { busy: true, ..Slot::default() });
+        drop(state);
+        tracing::warn!("network-status of {namespace}/{name} not journaled ({e}): written before the answer");
+        match (self.patch)(&entry.pod, &entry.statuses) {
+            Err(K8sError::Unavailable(why)) => {
+                tracing::warn!("network-status of {namespace}/{name}: {why}: retried in the background");
+                self.retry_later(&key, entry);
+                Ok(())
+            }
+            other => {
+                self.written(&key);
+                other
+            }
+        }
     }
 
     /// Every status the journal holds (a daemon that stopped before writing them), written in
@@ -131,11 +168,18 @@ impl StatusWriter {
             }
             let entry =
                 std::fs::read(file.path()).ok().and_then(|b| serde_json::from_slice::<Entry>(&b).ok()).filter(|e| {
-                    journal_name(&e.namespace, &e.name) == name && object_name(&e.namespace) && object_name(&e.name)
+                    let pod = &e.pod;
+                    journal_name(&pod.namespace, &pod.name) == name
+                        && object_name(&pod.namespace)
+                        && object_name(&pod.name)
                 });
             match entry {
                 Some(e) => {
-                    tracing::info!("network-status of {}/{} from the journal: written now", e.namespace, e.name);
+                    tracing::info!(
+                        "network-status of {}/{} from the journal: written now",
+                        e.pod.namespace,
+                        e.pod.name
+                    );
                     self.enqueue(e);
                     replayed += 1;
                 }
@@ -169,14 +213,14 @@ impl StatusWriter {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn entry_path(&self, namespace: &str, name: &str) -> PathBuf {
-        self.journal.join(journal_name(namespace, name))
-    }
-
     /// Called with the state locked: journal writes and removals of one pod never cross.
     fn journal_write(&self, entry: &Entry) -> Result<(), plexus_cni::Error> {
         let bytes = serde_json::to_vec(entry).map_err(|e| plexus_cni::Error::internal(e.to_string()))?;
-        files::replace_private_via(&self.journal, &self.entry_path(&entry.namespace, &entry.name), &bytes)
+        files::replace_private_via(
+            &self.journal,
+            &self.journal.join(journal_name(&entry.pod.namespace, &entry.pod.name)),
+            &bytes,
+        )
     }
 
     fn enqueue(self: &Arc<Self>, entry: Entry) {
@@ -185,7 +229,7 @@ impl StatusWriter {
     }
 
     fn enqueue_locked(self: &Arc<Self>, state: &mut State, entry: Entry) {
-        let key = journal_name(&entry.namespace, &entry.name);
+        let key = journal_name(&entry.pod.namespace, &entry.pod.name);
         let slot = state.slots.entry(key.clone()).or_default();
         slot.next = Some(entry);
         slot.not_before = None;
@@ -194,23 +238,30 @@ impl StatusWriter {
         }
         slot.busy = true;
         state.queue.push_back(key);
+        self.wake_writer(state);
+    }
+
+    /// A pod was queued: a writer takes it, started if there are fewer than [`WRITERS`]. One that
+    /// cannot start (no thread to be had) is tried again at the next queueing; the statuses wait
+    /// in the journal meanwhile.
+    fn wake_writer(self: &Arc<Self>, state: &mut State) {
         if state.writers < WRITERS {
-            state.writers += 1;
             let me = self.clone();
-            std::thread::Builder::new()
-                .name("network-status".into())
-                .spawn(move || me.writer())
-                .expect("start a network-status writer");
+            match std::thread::Builder::new().name("network-status".into()).spawn(move || me.writer()) {
+                Ok(_) => state.writers += 1,
+                Err(e) if state.writers == 0 => tracing::error!("no network-status writer: {e}: tried again later"),
+                Err(_) => {}
+            }
         }
         self.work.notify_one();
     }
 
     /// A writer thread, for as long as the daemon runs: the next pod due, its newest status.
-    fn writer(&self) {
+    fn writer(self: Arc<Self>) {
         loop {
             let (key, entry, failed) = self.next_due();
-            let pod = format!("{}/{}", entry.namespace, entry.name);
-            match (self.patch)(&entry.namespace, &entry.name, &entry.statuses) {
+            let pod = format!("{}/{}", entry.pod.namespace, entry.pod.name);
+            match (self.patch)(&entry.pod, &entry.statuses) {
                 Err(K8sError::Unavailable(why)) => {
                     if failed == 0 {
                         tracing::warn!("network-status of {pod}: {why}: retried in the background");
@@ -218,7 +269,9 @@ impl StatusWriter {
                     self.retry_later(&key, entry);
                 }
                 Err(e) => {
-                    tracing::error!("network-status of {pod}: {e}");
+                    // Refused for what it is (a later pod of the name, a status too large): the
+                    // same PATCH would be refused again.
+                    tracing::error!("network-status of {pod} given up: {e}");
                     self.written(&key);
                 }
                 Ok(()) => {
@@ -253,29 +306,31 @@ impl StatusWriter {
         }
     }
 
-    /// The API did not take `entry`: the pod waits in the queue until its retry is due — or goes
-    /// at once with a newer status that came meanwhile.
-    fn retry_later(&self, key: &str, entry: Entry) {
+    /// The API did not take `entry`: the pod waits in the queue until its retry is due (the wait
+    /// doubling with each try, up to [`RETRY_MAX`]) — or goes at once with a newer status that
+    /// came meanwhile.
+    fn retry_later(self: &Arc<Self>, key: &str, entry: Entry) {
         let mut state = self.lock();
         let slot = state.slots.get_mut(key).expect("a pod being written keeps its slot");
         if slot.next.is_none() {
+            let wait = self.retry.saturating_mul(1 << slot.failed.min(8)).min(RETRY_MAX.max(self.retry));
             slot.next = Some(entry);
-            slot.not_before = Some(Instant::now() + self.retry);
+            slot.not_before = Some(Instant::now() + wait);
             slot.failed += 1;
         }
         state.queue.push_back(key.to_string());
-        self.work.notify_one();
+        self.wake_writer(&mut state);
     }
 
     /// The pod's status went (or was given up): its slot and journal entry go too, unless a newer
     /// status came meanwhile, which is queued.
-    fn written(&self, key: &str) {
+    fn written(self: &Arc<Self>, key: &str) {
         let mut state = self.lock();
         let slot = state.slots.get_mut(key).expect("a pod being written keeps its slot");
         if slot.next.is_some() {
             slot.failed = 0;
             state.queue.push_back(key.to_string());
-            self.work.notify_one();
+            self.wake_writer(&mut state);
             return;
         }
         let _ = files::remove_if_present(&self.journal.join(key));
@@ -284,8 +339,16 @@ impl StatusWriter {
     }
 }
 
+/// `<namespace>_<name>`, or `~<SHA-256 of namespace/name>` past [`JOURNAL_NAME_MAX`] (`~` is in
+/// no object name, so the two never meet).
 fn journal_name(namespace: &str, name: &str) -> String {
-    format!("{namespace}_{name}")
+    let plain = format!("{namespace}_{name}");
+    if plain.len() <= JOURNAL_NAME_MAX {
+        return plain;
+    }
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{namespace}/{name}").as_bytes());
+    std::iter::once("~".to_string()).chain(digest.iter().map(|b| format!("{b:02x}"))).collect()
 }
 
 #[cfg(test)]
@@ -313,15 +376,24 @@ mod tests {
         written: Mutex<Vec<(String, String)>>,
         down: AtomicBool,
         slow: Duration,
-        /// Pods whose PATCHes it does not take, whatever else it does.
+        /// Pods whose PATCHes it does not take (unavailable), whatever else it does.
         refused: Mutex<Vec<String>>,
+        /// Pods whose PATCHes it refuses for what they are (a later pod of the name).
+        rejected: Mutex<Vec<String>>,
+        /// Every PATCH tried: the pod, the UID it named, when.
+        tries: Mutex<Vec<(String, String, Instant)>>,
     }
 
     fn writer(dir: &Path, api: &Arc<Api>) -> Arc<StatusWriter> {
         let a = api.clone();
-        let patch: Arc<Patch> = Arc::new(move |ns: &str, name: &str, s: &[NetworkStatus]| {
+        let patch: Arc<Patch> = Arc::new(move |pod: &PodRef, s: &[NetworkStatus]| {
             std::thread::sleep(a.slow);
-            if a.down.load(Ordering::SeqCst) || a.refused.lock().unwrap().contains(&name.to_string()) {
+            let (ns, name) = (&pod.namespace, &pod.name);
+            a.tries.lock().unwrap().push((format!("{ns}/{name}"), pod.uid.clone(), Instant::now()));
+            if a.rejected.lock().unwrap().contains(name) {
+                return Err(K8sError::Refused("422 metadata.uid: field is immutable".into()));
+            }
+            if a.down.load(Ordering::SeqCst) || a.refused.lock().unwrap().contains(name) {
                 return Err(K8sError::Unavailable("down".into()));
             }
             a.written.lock().unwrap().push((format!("{ns}/{name}"), s[0].ips[0].clone()));
@@ -331,7 +403,18 @@ mod tests {
     }
 
     fn api(down: bool, slow: Duration) -> Arc<Api> {
-        Arc::new(Api { written: Mutex::default(), down: AtomicBool::new(down), slow, refused: Mutex::default() })
+        Arc::new(Api {
+            written: Mutex::default(),
+            down: AtomicBool::new(down),
+            slow,
+            refused: Mutex::default(),
+            rejected: Mutex::default(),
+            tries: Mutex::default(),
+        })
+    }
+
+    fn pod(name: &str) -> PodRef {
+        PodRef { namespace: "default".into(), name: name.into(), uid: format!("uid-{name}") }
     }
 
     fn journal(dir: &Path) -> Vec<String> {
@@ -346,7 +429,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = api(false, Duration::from_millis(200));
         let w = writer(dir.path(), &a);
-        w.submit("default", "trainer", &status("198.18.0.1")).unwrap();
+        w.submit(&pod("trainer"), &status("198.18.0.1")).unwrap();
         assert_eq!(journal(dir.path()), ["default_trainer"], "journaled before the answer");
         assert!(a.written.lock().unwrap().is_empty(), "the PATCH is not waited for");
         assert_eq!(w.flush(Duration::from_secs(5)), 0);
@@ -360,9 +443,9 @@ mod tests {
         let a = api(false, Duration::from_millis(50));
         let w = writer(dir.path(), &a);
         for i in 1..=5 {
-            w.submit("default", "trainer", &status(&format!("198.18.0.{i}"))).unwrap();
+            w.submit(&pod("trainer"), &status(&format!("198.18.0.{i}"))).unwrap();
         }
-        w.submit("default", "other", &status("198.18.1.1")).unwrap();
+        w.submit(&pod("other"), &status("198.18.1.1")).unwrap();
         assert_eq!(w.flush(Duration::from_secs(5)), 0);
         let written = a.written.lock().unwrap().clone();
         let trainer: Vec<&str> =
@@ -378,7 +461,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let down = api(true, Duration::ZERO);
         let w = writer(dir.path(), &down);
-        w.submit("default", "trainer", &status("198.18.0.7")).unwrap();
+        w.submit(&pod("trainer"), &status("198.18.0.7")).unwrap();
         assert_eq!(w.flush(Duration::from_millis(100)), 1, "still pending while the API is down");
         assert_eq!(journal(dir.path()), ["default_trainer"]);
         // A leftover temp file of a write that was killed, and something that is not an entry.
@@ -400,8 +483,8 @@ mod tests {
         let a = api(false, Duration::ZERO);
         *a.refused.lock().unwrap() = vec!["stuck-1".into(), "stuck-2".into(), "stuck-3".into()];
         let w = writer(dir.path(), &a);
-        for pod in ["stuck-1", "stuck-2", "stuck-3", "trainer"] {
-            w.submit("default", pod, &status("198.18.0.9")).unwrap();
+        for name in ["stuck-1", "stuck-2", "stuck-3", "trainer"] {
+            w.submit(&pod(name), &status("198.18.0.9")).unwrap();
         }
         // More refused pods than writers: each waits its retry in the queue, and the one the API
         // takes is written meanwhile.
@@ -418,8 +501,117 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let w = writer(dir.path(), &api(false, Duration::ZERO));
         for (ns, name) in [("default", "../x"), ("a_b", "c"), ("default", ""), ("default", "Trainer"), ("..", "x")] {
-            assert!(w.submit(ns, name, &status("198.18.0.1")).is_err(), "{ns}/{name}");
+            let pod = PodRef { namespace: ns.into(), name: name.into(), uid: String::new() };
+            assert!(w.submit(&pod, &status("198.18.0.1")).is_err(), "{ns}/{name}");
         }
         assert!(journal(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_status_the_api_refuses_for_what_it_is_is_given_up_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = api(false, Duration::ZERO);
+        *a.rejected.lock().unwrap() = vec!["trainer".into()];
+        let w = writer(dir.path(), &a);
+        w.submit(&pod("trainer"), &status("198.18.0.3")).unwrap();
+        assert_eq!(w.flush(Duration::from_secs(5)), 0, "given up, not pending");
+        assert!(journal(dir.path()).is_empty(), "not replayed by the next daemon either");
+        std::thread::sleep(Duration::from_millis(200));
+        let tries = a.tries.lock().unwrap().clone();
+        assert_eq!(tries.len(), 1, "tried once: {tries:?}");
+        assert_eq!(tries[0].1, "uid-trainer", "the PATCH names the pod's UID");
+        assert!(a.written.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn while_the_api_is_down_the_tries_of_a_pod_come_further_and_further_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = api(true, Duration::ZERO);
+        let w = writer(dir.path(), &a);
+        w.submit(&pod("trainer"), &status("198.18.0.4")).unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        let tries: Vec<Instant> = a.tries.lock().unwrap().iter().map(|t| t.2).collect();
+        // Waits of 20, 40, 80, 160, 320 ms: six tries in 700 ms (35 at a fixed 20 ms).
+        assert!((3..=7).contains(&tries.len()), "{} tries", tries.len());
+        for (i, pair) in tries.windows(2).enumerate() {
+            let wait = Duration::from_millis(20) * (1 << i);
+            assert!(
+                pair[1] - pair[0] >= wait,
+                "try {} came {:?} after the one before, not {wait:?}",
+                i + 2,
+                pair[1] - pair[0]
+            );
+        }
+        a.down.store(false, Ordering::SeqCst);
+        assert_eq!(w.flush(Duration::from_secs(5)), 0);
+    }
+
+    #[test]
+    fn a_status_that_cannot_be_journaled_replaces_an_older_one_still_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = api(true, Duration::ZERO);
+        let w = writer(dir.path(), &a);
+        w.submit(&pod("trainer"), &status("198.18.0.1")).unwrap();
+        assert_eq!(w.flush(Duration::from_millis(100)), 1);
+        assert_eq!(journal(dir.path()), ["default_trainer"]);
+        // The journal cannot take the next status: its temp file's name is taken.
+        let blocker = files::temp_name("default_trainer");
+        std::fs::create_dir(dir.path().join(&blocker)).unwrap();
+        w.submit(&pod("trainer"), &status("198.18.0.2")).unwrap();
+        assert_eq!(journal(dir.path()), [blocker], "the older entry is not left to be replayed");
+        a.down.store(false, Ordering::SeqCst);
+        assert_eq!(w.flush(Duration::from_secs(5)), 0);
+        assert_eq!(*a.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.2".to_string())]);
+    }
+
+    #[test]
+    fn a_status_that_cannot_be_journaled_is_written_before_submit_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = api(false, Duration::from_millis(50));
+        let w = writer(dir.path(), &a);
+        std::fs::create_dir(dir.path().join(files::temp_name("default_trainer"))).unwrap();
+        w.submit(&pod("trainer"), &status("198.18.0.5")).unwrap();
+        assert_eq!(*a.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.5".to_string())]);
+        assert_eq!(w.pending(), 0);
+        // A newer status then goes the journal's way again.
+        std::fs::remove_dir(dir.path().join(files::temp_name("default_trainer"))).unwrap();
+        w.submit(&pod("trainer"), &status("198.18.0.6")).unwrap();
+        assert_eq!(journal(dir.path()), ["default_trainer"]);
+        assert_eq!(w.flush(Duration::from_secs(5)), 0);
+        assert_eq!(a.written.lock().unwrap().last().unwrap().1, "198.18.0.6");
+    }
+
+    #[test]
+    fn a_pod_of_a_long_name_is_journaled_under_its_digest_and_replayed_with_its_uid() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = "a".repeat(253);
+        let down = api(true, Duration::ZERO);
+        let w = writer(dir.path(), &down);
+        w.submit(&pod(&long), &status("198.18.0.8")).unwrap();
+        assert_eq!(w.flush(Duration::from_millis(100)), 1);
+        let names = journal(dir.path());
+        assert_eq!(names.len(), 1);
+        assert!(names[0].starts_with('~') && names[0].len() == 65, "{names:?}");
+        let up = api(false, Duration::ZERO);
+        let next = writer(dir.path(), &up);
+        assert_eq!(next.replay(), 1);
+        assert_eq!(next.flush(Duration::from_secs(5)), 0);
+        assert_eq!(*up.written.lock().unwrap(), [(format!("default/{long}"), "198.18.0.8".to_string())]);
+        assert_eq!(up.tries.lock().unwrap()[0].1, format!("uid-{long}"));
+        assert!(journal(dir.path()).is_empty());
+        down.down.store(false, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn an_entry_journaled_without_a_uid_is_replayed_naming_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = serde_json::json!({"namespace": "default", "name": "trainer", "statuses": status("198.18.0.9")});
+        std::fs::write(dir.path().join("default_trainer"), entry.to_string()).unwrap();
+        let a = api(false, Duration::ZERO);
+        let w = writer(dir.path(), &a);
+        assert_eq!(w.replay(), 1);
+        assert_eq!(w.flush(Duration::from_secs(5)), 0);
+        assert_eq!(a.tries.lock().unwrap()[0].1, "");
+        assert_eq!(*a.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.9".to_string())]);
     }
 }
