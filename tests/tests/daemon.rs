@@ -568,21 +568,31 @@ fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches
     assert_eq!(n.journaled(), Vec::<String>::new(), "written statuses leave the journal");
 }
 
-#[test]
-fn a_network_status_a_killed_daemon_had_not_written_is_written_by_the_next_one() {
-    use plexus_tests::fake_api::Fault;
-    let n = Node::new();
-    let (api, kubeconfig, c) = n.with_api("198.18.34.0/24");
-    let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"];
-    let mut d = n.daemon(&args);
-    // The API server takes no network-status PATCH (503) while the first daemon runs.
-    api.fault(Fault {
+/// The API server answers every network-status PATCH of pod default/trainer with 503
+/// (overloaded, restarting) until its faults are cleared.
+fn refuse_status_patches(api: &plexus_tests::fake_api::FakeApi) {
+    api.fault(plexus_tests::fake_api::Fault {
         method: "PATCH",
         path_contains: "/pods/trainer".into(),
         status: Some(503),
         delay: None,
         times: usize::MAX,
     });
+}
+
+/// The network-status PATCHes of pod default/trainer the API server was sent so far.
+fn status_patches(api: &plexus_tests::fake_api::FakeApi) -> usize {
+    api.requests().iter().filter(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/trainer")).count()
+}
+
+#[test]
+fn a_network_status_a_killed_daemon_had_not_written_is_written_by_the_next_one() {
+    let n = Node::new();
+    let (api, kubeconfig, c) = n.with_api("198.18.34.0/24");
+    let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"];
+    let mut d = n.daemon(&args);
+    // The API server takes no network-status PATCH (503) while the first daemon runs.
+    refuse_status_patches(&api);
     let r = n.run_trainer("ADD", &c).result();
     assert_eq!(r["ips"][0]["address"], "198.18.34.1/24", "the attachment stands");
     assert_eq!(n.journaled(), ["default_trainer"], "journaled before the answer");
@@ -610,18 +620,11 @@ fn a_network_status_a_killed_daemon_had_not_written_is_written_by_the_next_one()
 
 #[test]
 fn a_journaled_network_status_of_a_pod_since_recreated_under_its_name_is_given_up_not_written_to_the_new_pod() {
-    use plexus_tests::fake_api::Fault;
     let n = Node::new();
     let (api, kubeconfig, c) = n.with_api("198.18.35.0/24");
     let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"];
     let mut d = n.daemon(&args);
-    api.fault(Fault {
-        method: "PATCH",
-        path_contains: "/pods/trainer".into(),
-        status: Some(503),
-        delay: None,
-        times: usize::MAX,
-    });
+    refuse_status_patches(&api);
     assert!(n.run_trainer("ADD", &c).success());
     let entry: Value = serde_json::from_slice(&std::fs::read(n.journal().join("default_trainer")).unwrap()).unwrap();
     assert_eq!(entry["uid"], "uid-trainer", "the journal keeps the UID the runtime named");
@@ -640,8 +643,7 @@ fn a_journaled_network_status_of_a_pod_since_recreated_under_its_name_is_given_u
     let log = next.log_text();
     assert!(log.contains("network-status of default/trainer given up") && log.contains("422"), "{log}");
     // Given up once, not retried.
-    let patches =
-        || api.requests().iter().filter(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/trainer")).count();
+    let patches = || status_patches(&api);
     let tried = patches();
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(patches(), tried, "the refused PATCH was tried again");
@@ -652,7 +654,6 @@ fn a_journaled_network_status_of_a_pod_since_recreated_under_its_name_is_given_u
 
 #[test]
 fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can_and_the_add_stands() {
-    use plexus_tests::fake_api::Fault;
     let n = Node::new();
     let (api, kubeconfig, c) = n.with_api("198.18.33.0/24");
     let d = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"]);
@@ -661,16 +662,9 @@ fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can
         let pod = api.pod("default", "trainer")?;
         serde_json::from_str(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str()?).ok()
     };
-    let patches =
-        || api.requests().iter().filter(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/trainer")).count();
+    let patches = || status_patches(&api);
     // The API server answers every network-status PATCH with 503 (overloaded, restarting).
-    api.fault(Fault {
-        method: "PATCH",
-        path_contains: "/pods/trainer".into(),
-        status: Some(503),
-        delay: None,
-        times: usize::MAX,
-    });
+    refuse_status_patches(&api);
     let r = run("ADD").result();
     assert_eq!(r["ips"][0]["address"], "198.18.33.1/24", "the attachment stands without its status");
     assert_eq!(status_of(), None);

@@ -11,8 +11,8 @@
 //! name and build, the file's device and inode. Anything else is exec'd as before: another
 //! version, an admin's own plugin under the name, a file that cannot be run, and a wrapper script
 //! that execs the real plugin (what answers is then another file than the one delegated to, and
-//! the script's own steps must run). The answer is kept per path until the file changes (device,
-//! inode, size, modification and change time), so an upgrade is seen at the next delegation.
+//! the script's own steps must run). The answer is kept per path until the file changes (its
+//! [`FileStamp`]), so an upgrade is seen at the next delegation.
 //!
 //! In-process, the plugin runs through the same entry point as its binary ([`plugin::dispatch`])
 //! with the environment the binary would get and the config on its stdin, and answers with the
@@ -27,6 +27,7 @@ use std::process::{Command as Process, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::files::FileStamp;
 use crate::plugin::{self, About, Plugin};
 
 /// A plugin carried by this process.
@@ -52,31 +53,8 @@ pub fn carry(plugins: &'static [Builtin]) {
 /// How long a binary has to say what it is.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// What identifies a binary's file: replaced or rewritten, one of these changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileId {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileId {
-    fn of(path: &Path) -> Option<FileId> {
-        let m = std::fs::metadata(path).ok()?;
-        Some(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        })
-    }
-}
-
 /// What each binary was found to be, while its file is unchanged.
-type Seen = HashMap<PathBuf, (FileId, Option<&'static Builtin>)>;
+type Seen = HashMap<PathBuf, (FileStamp, Option<&'static Builtin>)>;
 static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
 
 fn seen<T>(f: impl FnOnce(&mut Seen) -> T) -> T {
@@ -92,7 +70,7 @@ pub fn lookup(binary: &Path) -> Option<&'static Builtin> {
     if !carried.iter().any(|b| b.about.name == name) {
         return None;
     }
-    let id = FileId::of(binary)?;
+    let id = FileStamp::of_path(binary)?;
     if let Some((known, builtin)) = seen(|s| s.get(binary).copied())
         && known == id
     {
@@ -100,7 +78,7 @@ pub fn lookup(binary: &Path) -> Option<&'static Builtin> {
     }
     let builtin = identify(binary, id, carried);
     // Kept only if the file did not change while it was asked.
-    if FileId::of(binary) == Some(id) {
+    if FileStamp::of_path(binary) == Some(id) {
         seen(|s| s.insert(binary.to_path_buf(), (id, builtin)));
     }
     match builtin {
@@ -124,7 +102,7 @@ pub fn identity(about: &About) -> Option<String> {
 }
 
 /// Ask the file `id` is (at `binary`) what it is, and match the answer to the carried plugins.
-fn identify(binary: &Path, id: FileId, carried: &'static [Builtin]) -> Option<&'static Builtin> {
+fn identify(binary: &Path, id: FileStamp, carried: &'static [Builtin]) -> Option<&'static Builtin> {
     let said = identity_of(binary)?;
     let mut words = said.split_whitespace();
     let (name, build, dev, ino) = (words.next()?, words.next()?, words.next()?, words.next()?);

@@ -41,6 +41,40 @@ pub fn temp_name(name: &str) -> String {
     format!(".{name}.tmp{}", std::process::id())
 }
 
+/// What tells a file's contents apart for a process that keeps what it read from it: replaced
+/// (device, inode), rewritten (size, modification and change time) or re-owned (owner, mode), one
+/// of these changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    pub dev: u64,
+    pub ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    uid: u32,
+    mode: u32,
+}
+
+impl FileStamp {
+    pub fn of(m: &fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            uid: m.uid(),
+            mode: m.mode(),
+        }
+    }
+
+    /// The stamp of the file at `path` (symlinks followed); `None` when it cannot be read.
+    pub fn of_path(path: &Path) -> Option<FileStamp> {
+        fs::metadata(path).ok().map(|m| FileStamp::of(&m))
+    }
+}
+
 /// A directory opened beneath an allowed root without following symlinks, held open: paths made
 /// with [`SafeDir::join`] go through the open descriptor (`/proc/self/fd/N/...`), so renaming or
 /// replacing a directory on the way after the check changes nothing.

@@ -208,32 +208,19 @@ impl Policy {
     /// too) reads it again only when the file changed: the last one read is kept with its
     /// device, inode, size, times, owner and mode.
     pub fn from_file(path: &Path) -> Result<Policy, Error> {
-        use std::os::unix::fs::MetadataExt;
-        type Kept = Option<(PathBuf, [i64; 9], Policy)>;
+        use crate::files::FileStamp;
+        type Kept = Option<(PathBuf, FileStamp, Policy)>;
         static LAST: std::sync::Mutex<Kept> = std::sync::Mutex::new(None);
-        let id = |m: &std::fs::Metadata| {
-            let (dev, ino, size) = (m.dev() as i64, m.ino() as i64, m.size() as i64);
-            [
-                dev,
-                ino,
-                size,
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ctime(),
-                m.ctime_nsec(),
-                i64::from(m.uid()),
-                i64::from(m.mode()),
-            ]
-        };
-        if let Ok(meta) = std::fs::metadata(path)
+        if let Some(stamp) = FileStamp::of_path(path)
             && let Some((p, known, policy)) = &*LAST.lock().unwrap_or_else(|e| e.into_inner())
             && p == path
-            && *known == id(&meta)
+            && *known == stamp
         {
             return Ok(policy.clone());
         }
         let (meta, policy) = Policy::read_file(path)?;
-        *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), id(&meta), policy.clone()));
+        *LAST.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((path.to_path_buf(), FileStamp::of(&meta), policy.clone()));
         Ok(policy)
     }
 

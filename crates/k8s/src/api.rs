@@ -13,7 +13,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::error::K8sError;
 use crate::nad::{Nad, NadSource};
-use crate::status::{NetworkStatus, annotation_patch};
+use crate::status::{NetworkStatus, PodRef, annotation_patch};
 
 /// Attempts of one call when the server answers 5xx or the connection fails.
 const ATTEMPTS: usize = 3;
@@ -253,15 +253,10 @@ impl ApiClient {
     /// Set `k8s.v1.cni.cncf.io/network-status` with a JSON merge patch; a pod that is gone is
     /// not an error. With the pod's `uid` (when known) the patch names it: a later pod of the same
     /// name is not patched (the API refuses the patch, 422: `metadata.uid` is immutable).
-    pub fn set_network_status(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        statuses: &[NetworkStatus],
-    ) -> Result<(), K8sError> {
+    pub fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        let (namespace, name) = (&pod.namespace, &pod.name);
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pods());
-        let patch = Patch::Merge(annotation_patch(statuses, uid));
+        let patch = Patch::Merge(annotation_patch(statuses, &pod.uid));
         let params = PatchParams::default();
         self.call(&format!("patch pod {namespace}/{name}"), || api.patch(name, &params, &patch))?;
         Ok(())

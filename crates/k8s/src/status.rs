@@ -76,6 +76,17 @@ pub fn statuses(
     }
 }
 
+/// The pod a network-status is for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    /// As the runtime named it; empty when it named none (then the PATCH names no UID). Absent
+    /// from entries journaled before the UID was kept.
+    #[serde(default)]
+    pub uid: String,
+}
+
 /// The JSON merge patch that sets the annotation on the pod; with the pod's `uid` (not empty)
 /// it applies only to that pod, not to a later one of the same name.
 pub fn annotation_patch(statuses: &[NetworkStatus], uid: &str) -> Value {

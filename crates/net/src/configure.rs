@@ -90,6 +90,12 @@ pub fn ifname_taken(ifname: &str, pod: &Netns) -> plexus_cni::Error {
     .with_details(format!("netns {}", pod.path().display()))
 }
 
+/// The error of a link change that gives the link the name `ifname` in the pod: EEXIST is that
+/// name being taken ([`ifname_taken`]), anything else is the change failing (`what` it was).
+pub fn naming_error(e: NetError, ifname: &str, pod: &Netns, what: impl FnOnce() -> String) -> plexus_cni::Error {
+    if e.is_exists() { ifname_taken(ifname, pod) } else { plexus_cni::Error::from(e).context(what()) }
+}
+
 /// The middle every attaching plugin shares, once its link is in the pod under its final name:
 /// IPAM's result (its addresses on interface 0), applied to the link (addresses, up, routes,
 /// multi-rail rules), with the config's DNS. `is_up`: the link went up with its rename (L2 only).

@@ -16,11 +16,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use plexus_k8s::api::{ApiClient, PodInfo};
 use plexus_k8s::nad::{NadSource, RESOURCE_NAME_ANNOTATION};
 use plexus_k8s::selection::{DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION};
-use plexus_k8s::status::NetworkStatus;
+use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_k8s::{K8sError, Nad};
 
 use crate::metrics::Metrics;
-use crate::status::{Patch, PodRef, StatusWriter};
+use crate::status::{Patch, StatusWriter};
 
 /// A NetworkAttachmentDefinition as the cache keeps it: its metadata (trimmed to name, namespace
 /// and the resourceName annotation) and `spec.config`, the only field of its spec plexus reads.
@@ -30,12 +30,13 @@ use crate::status::{Patch, PodRef, StatusWriter};
 #[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
 struct CachedNad {
     metadata: kube::api::ObjectMeta,
-    #[serde(default, deserialize_with = "spec_or_empty")]
+    #[serde(default, deserialize_with = "or_empty")]
     spec: NadSpec,
 }
 
-/// The spec, or an empty one when it is not an object of that shape.
-fn spec_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<NadSpec, D::Error> {
+/// The value, or an empty one when the JSON there is not of its shape (a spec that is not an
+/// object, a config that is not a string).
+fn or_empty<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned + Default>(d: D) -> Result<T, D::Error> {
     let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
     Ok(serde_json::from_value(v).unwrap_or_default())
 }
@@ -44,14 +45,9 @@ fn spec_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<NadSpec, D::E
 struct NadSpec {
     /// A NAD is tenant-written: whatever `config` is (the CRD says a string; a cluster may have
     /// installed another), it never fails the decoding of the list it came in.
-    #[serde(default, deserialize_with = "text_or_empty")]
+    /// "" when not a string, as `plexus_k8s::Nad::from_object` reads it.
+    #[serde(default, deserialize_with = "or_empty")]
     config: String,
-}
-
-/// A string, or "" for any other JSON value (as `plexus_k8s::Nad::from_object` reads it).
-fn text_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
-    Ok(v.as_str().map(str::to_string).unwrap_or_default())
 }
 
 impl kube::Resource for CachedNad {
@@ -182,7 +178,7 @@ impl Caches {
         let (patching, counting) = (api.clone(), metrics.clone());
         let patch: Arc<Patch> = Arc::new(move |pod: &PodRef, statuses: &[NetworkStatus]| {
             counting.api_request("patch_pod");
-            patching.set_network_status(&pod.namespace, &pod.name, &pod.uid, statuses)
+            patching.set_network_status(pod, statuses)
         });
         let status = StatusWriter::new(patch, journal, STATUS_RETRY)
             .map_err(|e| anyhow::anyhow!("network-status journal {}: {e}", journal.display()))?;
@@ -246,14 +242,8 @@ impl plexus::ClusterView for Caches {
     /// Journaled and written after the answer ([`StatusWriter`]): the attachment stands whatever
     /// the API does with it, retried while the API does not take it (thin mode can only fail the
     /// ADD; a daemon outlives the call).
-    fn set_network_status(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        statuses: &[NetworkStatus],
-    ) -> Result<(), K8sError> {
-        self.status.submit(&PodRef { namespace: namespace.into(), name: name.into(), uid: uid.into() }, statuses)
+    fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        self.status.submit(pod, statuses)
     }
 }
 

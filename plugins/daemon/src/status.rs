@@ -21,19 +21,8 @@ use std::time::{Duration, Instant};
 
 use plexus_cni::files;
 use plexus_k8s::K8sError;
-use plexus_k8s::status::NetworkStatus;
+use plexus_k8s::status::{NetworkStatus, PodRef};
 use serde::{Deserialize, Serialize};
-
-/// The pod a status is for.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    /// As the runtime named it; empty when it named none (then the PATCH names no UID). Absent
-    /// from entries journaled before the UID was kept.
-    #[serde(default)]
-    pub uid: String,
-}
 
 /// One PATCH of a pod's network-status, as the API client makes it.
 pub type Patch = dyn Fn(&PodRef, &[NetworkStatus]) -> Result<(), K8sError> + Send + Sync;

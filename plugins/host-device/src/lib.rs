@@ -301,13 +301,10 @@ impl<K: Kernel> Add<'_, K> {
         };
         // The move may happen before a later attribute fails: undone either way.
         undo.push(Step::Moved { device: link.name.clone() });
-        self.node_sock.set_link(link.index, &move_in).await.map_err(|e| {
-            if e.is_exists() {
-                configure::ifname_taken(ifname, self.pod)
-            } else {
-                Error::from(e).context(format!("move {} into the pod", link.name))
-            }
-        })?;
+        self.node_sock
+            .set_link(link.index, &move_in)
+            .await
+            .map_err(|e| configure::naming_error(e, ifname, self.pod, || format!("move {} into the pod", link.name)))?;
         let moved = self
             .pod_sock
             .link(ifname)

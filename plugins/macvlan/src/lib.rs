@@ -247,11 +247,7 @@ impl<K: Kernel> Add<'_, K> {
             ..Default::default()
         };
         self.pod_sock.set_link(link.index, &rename).await.map_err(|e| {
-            if e.is_exists() {
-                configure::ifname_taken(ifname, self.pod)
-            } else {
-                Error::from(e).context(format!("rename {} to {ifname}", link.name))
-            }
+            configure::naming_error(e, ifname, self.pod, || format!("rename {} to {ifname}", link.name))
         })?;
         let mut result =
             configure::apply_ipam(self.req, ipam, self.pod_sock, &self.conf.iface, link.index, l2_only).await?;

@@ -35,7 +35,7 @@ use plexus_cni::undo::Undo;
 use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Policy, Request, code, files};
 use plexus_k8s::api::{ApiClient, PodInfo};
 use plexus_k8s::nad::{DirSource, NadSource};
-use plexus_k8s::status::NetworkStatus;
+use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_k8s::{K8sError, Nad, status};
 use pod::PodNetns;
 use serde_json::Value;
@@ -83,29 +83,17 @@ pub trait ClusterView: NadSource + Send + Sync {
     /// The pod's UID and annotations; `None` when the pod is gone. `uid` is the one the runtime
     /// named (may be empty): a cached pod of another UID is an earlier pod of that name.
     fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Option<PodInfo>, K8sError>;
-    /// Write `k8s.v1.cni.cncf.io/network-status` on the pod of `uid` (empty: whichever pod has
+    /// Write `k8s.v1.cni.cncf.io/network-status` on `pod` (of its UID; none: whichever pod has
     /// the name).
-    fn set_network_status(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        statuses: &[NetworkStatus],
-    ) -> Result<(), K8sError>;
+    fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError>;
 }
 
 impl ClusterView for ApiClient {
     fn pod(&self, namespace: &str, name: &str, _uid: &str) -> Result<Option<PodInfo>, K8sError> {
         ApiClient::pod(self, namespace, name)
     }
-    fn set_network_status(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        statuses: &[NetworkStatus],
-    ) -> Result<(), K8sError> {
-        ApiClient::set_network_status(self, namespace, name, uid, statuses)
+    fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
+        ApiClient::set_network_status(self, pod, statuses)
     }
 }
 
@@ -261,7 +249,7 @@ fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], result
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
         all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref()));
     }
-    Ok(api.set_network_status(&pod.namespace, &pod.name, &pod.uid, &all)?)
+    Ok(api.set_network_status(&pod.status_ref(), &all)?)
 }
 
 /// The selection's `default-route`s applied in the pod; the results that changed are recorded

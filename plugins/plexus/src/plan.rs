@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use plexus_cni::{Error, Request};
 use plexus_k8s::nad::{self, NadSource};
 use plexus_k8s::selection::parse_default_network;
+use plexus_k8s::status::PodRef;
 use plexus_k8s::{DEFAULT_NAMESPACE, K8sError, NetworkSelection, checkpoint, parse_selections, podresources};
 use serde_json::{Map, Value};
 
@@ -52,6 +53,11 @@ impl Pod {
             uid: arg("K8S_POD_UID"),
             infra_container_id: arg("K8S_POD_INFRA_CONTAINER_ID"),
         }
+    }
+
+    /// What its network-status is written to.
+    pub fn status_ref(&self) -> PodRef {
+        PodRef { namespace: self.namespace.clone(), name: self.name.clone(), uid: self.uid.clone() }
     }
 
     pub fn reference(&self) -> Option<String> {

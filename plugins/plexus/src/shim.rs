@@ -49,27 +49,19 @@ pub fn run() -> std::process::ExitCode {
         },
         None => crate::Meta::thin(),
     };
-    let getenv = |k: &str| std::env::var(k).ok();
-    let status = match read {
-        Ok(_) => plexus_cni::plugin::dispatch(
-            crate::ABOUT,
-            &meta,
-            getenv,
-            &mut stdin.as_slice(),
-            &mut std::io::stdout().lock(),
-            &mut std::io::stderr().lock(),
-        ),
-        // As the entry point reports an unreadable stdin.
-        Err(e) => plexus_cni::plugin::dispatch(
-            crate::ABOUT,
-            &meta,
-            getenv,
-            &mut FailingRead(e),
-            &mut std::io::stdout().lock(),
-            &mut std::io::stderr().lock(),
-        ),
+    // An unreadable stdin is reported by the entry point, as when it reads stdin itself.
+    let mut input: Box<dyn Read + '_> = match read {
+        Ok(_) => Box::new(stdin.as_slice()),
+        Err(e) => Box::new(FailingRead(e)),
     };
-    ExitCode::from(status)
+    ExitCode::from(plexus_cni::plugin::dispatch(
+        crate::ABOUT,
+        &meta,
+        |k: &str| std::env::var(k).ok(),
+        &mut input,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    ))
 }
 
 /// The daemon socket this invocation is to go to first: a CNI verb other than VERSION, a
