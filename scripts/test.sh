@@ -42,6 +42,9 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build every binary (tests exec them)"
 cargo build --workspace --bins --locked
+echo "== the shipped build (scripts/build-release.sh), which the real-cluster tests install: built here,"
+echo "   not inside the first of them, so no test's time includes minutes of compiling"
+bash scripts/build-release.sh > /dev/null
 echo "== tests"
 cargo nextest run --workspace --locked --no-fail-fast
 echo "== fuzz targets, 5 s each (scripts/fuzz.sh; built into /var/cache/plexus-fuzz, outside the clone)"
