@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host=$(rustc -vV | sed -n 's/^host: //p')
+# Called from a test (scripts/cluster-install.sh under cargo nextest), this script inherits the
+# variables cargo sets for the test crate. ring's build script reruns when CARGO_MANIFEST_DIR
+# changes, so one of them left set rebuilds ring and everything above it (kube, rustls, tonic):
+# minutes inside a test, then again outside it. The build sees what a shell would.
+unset CARGO_MANIFEST_DIR CARGO_MANIFEST_PATH CARGO_CRATE_NAME CARGO_BIN_NAME CARGO_PRIMARY_PACKAGE \
+  CARGO_TARGET_TMPDIR OUT_DIR "${!CARGO_PKG_@}"
 # --target keeps RUSTFLAGS off build scripts and proc-macros, which cannot be static.
 # Not position-independent (relocation-model=static), like the Go reference plugins: a static-pie
 # binary first applies its ~16k relocations and copies .data.rel.ro on every start (~0.15 ms for
