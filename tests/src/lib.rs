@@ -22,6 +22,59 @@ pub use runner::{
     Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, test_policy, tool_bin, write_policy,
 };
 
+/// The data directory of one test's store or state (plexus-ipam's `dataDir`, plexus-host-device's
+/// `dataDir`): a direct child of the tests' data root (the system temp dir, [`test_policy`]), as
+/// the node policy wants a network's own directory; not made here — plexus makes and marks it,
+/// and removes it when it holds nothing — and removed with whatever it holds on drop.
+#[derive(Debug)]
+pub struct DataDir(std::path::PathBuf);
+
+impl DataDir {
+    pub fn new(role: &str) -> DataDir {
+        DataDir(std::env::temp_dir().join(netns::unique(role)))
+    }
+
+    /// Made now, empty and root-only (for a test that mounts something on it, or fills it first).
+    pub fn made(role: &str) -> DataDir {
+        use std::os::unix::fs::DirBuilderExt;
+        let d = DataDir::new(role);
+        std::fs::DirBuilder::new().mode(0o700).create(&d.0).unwrap();
+        d
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// The names in it, sorted, plexus's own mark left out; none when it is gone.
+    pub fn entries(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.0)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != ".plexus-data")
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        unmount_below(&self.0);
+        if std::fs::remove_dir_all(&self.0).is_err() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+impl serde::Serialize for DataDir {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
 /// Unmount (lazily) every mount below `dir`: what a runtime's storage left in a test's temp dir.
 pub fn unmount_below(dir: &std::path::Path) {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();

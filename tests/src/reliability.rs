@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::{Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, write_policy};
+use crate::{DataDir, Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, write_policy};
 
 /// One plugin set-up: the binary the runtime runs and its config.
 pub struct Rig {
     pub lab: Lab,
     pub dir: tempfile::TempDir,
+    /// plexus-ipam's and plexus-host-device's data directories.
+    pub ipam: DataDir,
+    pub state: DataDir,
     pub binary: &'static str,
     pub config: Value,
     pub policy: PathBuf,
@@ -71,12 +74,13 @@ impl Rig {
         let lab = Lab::new();
         lab.add_nic("nic0", 9000);
         let dir = tempfile::tempdir().unwrap();
+        let ipam = DataDir::new("ipam");
         let config = json!({"cniVersion": "1.1.0", "name": "rail0", "type": "plexus-macvlan", "master": "nic0",
             "multiRail": true,
-            "ipam": {"type": "plexus-ipam", "range": "198.18.60.0/24", "dataDir": dir.path().join("ipam"),
+            "ipam": {"type": "plexus-ipam", "range": "198.18.60.0/24", "dataDir": ipam,
                      "routes": [{"dst": "198.19.60.0/24", "gw": "198.18.60.254"}]},
             "runtimeConfig": {"CNIDeviceInfoFile": dir.path().join("devinfo/rail0-net1.json")}});
-        Rig::with(lab, dir, "plexus-macvlan", config)
+        Rig::with(lab, dir, ipam, DataDir::new("state"), "plexus-macvlan", config)
     }
 
     pub fn host_device() -> Rig {
@@ -85,11 +89,12 @@ impl Rig {
         lab.node.ip(&["addr", "add", "198.18.61.5/24", "dev", "ens1f0"]);
         lab.node.ip(&["link", "set", "ens1f0", "alias", "rail-0 uplink"]);
         let dir = tempfile::tempdir().unwrap();
+        let (ipam, state) = (DataDir::new("ipam"), DataDir::new("state"));
         let config = json!({"cniVersion": "1.1.0", "name": "rail0", "type": "plexus-host-device",
-            "device": "ens1f0", "mtu": 4200, "dataDir": dir.path().join("state"),
-            "ipam": {"type": "plexus-ipam", "range": "198.18.62.0/24", "dataDir": dir.path().join("ipam")},
+            "device": "ens1f0", "mtu": 4200, "dataDir": state,
+            "ipam": {"type": "plexus-ipam", "range": "198.18.62.0/24", "dataDir": ipam},
             "runtimeConfig": {"CNIDeviceInfoFile": dir.path().join("devinfo/rail0-net1.json")}});
-        Rig::with(lab, dir, "plexus-host-device", config)
+        Rig::with(lab, dir, ipam, state, "plexus-host-device", config)
     }
 
     /// plexus with two NADs from a directory: a macvlan rail and a conflist (macvlan + tuning).
@@ -100,7 +105,7 @@ impl Rig {
         let dir = tempfile::tempdir().unwrap();
         let nads = dir.path().join("nads");
         std::fs::create_dir_all(&nads).unwrap();
-        let ipam = dir.path().join("ipam");
+        let ipam = DataDir::new("ipam");
         let nad = |name: &str, config: Value| {
             let yaml = format!(
                 "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  config: '{config}'\n"
@@ -110,28 +115,35 @@ impl Rig {
         nad(
             "rail0",
             json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
-                   "ipam": {"type": "plexus-ipam", "range": "198.18.63.0/24", "dataDir": ipam}}),
+                   "ipam": {"type": "plexus-ipam", "range": "198.18.63.0/24", "dataDir": &ipam}}),
         );
         nad(
             "rail1",
             json!({"cniVersion": "1.0.0", "name": "rail1-chain", "plugins": [
                 {"type": "plexus-macvlan", "master": "nic1",
-                 "ipam": {"type": "plexus-ipam", "range": "198.18.64.0/24", "dataDir": ipam}},
+                 "ipam": {"type": "plexus-ipam", "range": "198.18.64.0/24", "dataDir": &ipam}},
                 {"type": "tuning", "promisc": true}]}),
         );
         let config = json!({"cniVersion": "1.1.0", "name": "plexus", "type": "plexus", "nadDir": nads,
             "networks": "rail0,rail1", "cniDir": dir.path().join("cache"), "binDir": bin_dir()});
-        Rig::with(lab, dir, "plexus", config)
+        Rig::with(lab, dir, ipam, DataDir::new("state"), "plexus", config)
     }
 
-    pub fn with(lab: Lab, dir: tempfile::TempDir, binary: &'static str, config: Value) -> Rig {
+    pub fn with(
+        lab: Lab,
+        dir: tempfile::TempDir,
+        ipam: DataDir,
+        state: DataDir,
+        binary: &'static str,
+        config: Value,
+    ) -> Rig {
         std::fs::create_dir_all(dir.path().join("devinfo")).unwrap();
         let policy = write_policy(
             dir.path(),
             "policy.json",
             &json!({"dataRoots": [std::env::temp_dir()], "deviceInfoDir": dir.path().join("devinfo")}),
         );
-        Rig { lab, dir, binary, config, policy }
+        Rig { lab, dir, ipam, state, binary, config, policy }
     }
 
     pub fn container_id(&self) -> String {
@@ -156,11 +168,15 @@ impl Rig {
         out
     }
 
-    /// The node as the test compares it.
+    /// The node as the test compares it: its namespaces, and every file of the rig's
+    /// directories (the data directories' under `ipam/` and `state/`).
     pub fn snapshot(&self) -> (Vec<String>, Vec<String>, BTreeSet<String>) {
-        let mut files = files(self.dir.path());
-        files.remove("policy.json");
-        (self.lab.node.state(), self.lab.pod.state(), files)
+        let mut all = files(self.dir.path());
+        all.remove("policy.json");
+        for (role, d) in [("ipam", &self.ipam), ("state", &self.state)] {
+            all.extend(files(d.path()).into_iter().map(|f| format!("{role}/{f}")));
+        }
+        (self.lab.node.state(), self.lab.pod.state(), all)
     }
 
     /// Points one `binary` process passes in a clean `verb` (ADD, or DEL after a clean ADD).

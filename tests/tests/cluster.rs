@@ -191,14 +191,18 @@ impl Cluster {
         domains.flatten().map(|d| std::fs::read_dir(d.path().join("ips")).map(|r| r.count()).unwrap_or(0)).sum()
     }
 
-    /// Entries in a data directory (`meta`: the meta-plugin's cache; `hd`: host-device state).
+    /// Entries in a data directory (`meta`: the meta-plugin's cache; `hd`: host-device state),
+    /// plexus's mark of a data directory left out.
     fn data_files(&self, sub: &str) -> usize {
-        std::fs::read_dir(self.data().join(sub)).map(|d| d.count()).unwrap_or(0)
+        self.data_names(sub).len()
     }
 
     fn data_names(&self, sub: &str) -> Vec<String> {
         let entries = std::fs::read_dir(self.data().join(sub));
-        entries.map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
+        let names: Vec<String> = entries
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.into_iter().filter(|n| n != ".plexus-data").collect()
     }
 
     /// Waits for host-device state and the meta-plugin's cache to be empty; names what is left.

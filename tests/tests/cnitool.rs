@@ -28,10 +28,11 @@ fn cnitool_adds_checks_and_deletes_through_plexus_standalone() {
     let lab = Lab::new();
     lab.add_nic("nic0", 9000);
     let dir = tempfile::tempdir().unwrap();
+    let dir_ipam = plexus_tests::DataDir::new("ipam");
     let nads = dir.path().join("nads");
     std::fs::create_dir_all(&nads).unwrap();
     let nad_conf = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
-        "ipam": {"type": "plexus-ipam", "range": "198.18.70.0/24", "dataDir": dir.path().join("ipam")}});
+        "ipam": {"type": "plexus-ipam", "range": "198.18.70.0/24", "dataDir": dir_ipam.path()}});
     std::fs::write(
         nads.join("rail0.yaml"),
         format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: rail0\nspec:\n  config: '{nad_conf}'\n"),
@@ -56,7 +57,7 @@ fn cnitool_adds_checks_and_deletes_through_plexus_standalone() {
     let (ok, out) = cnitool(&lab, "del", &netconf);
     assert!(ok, "cnitool del: {out}");
     assert!(lab.pod.link("net1").is_none());
-    assert_eq!(std::fs::read_dir(dir.path().join("ipam/default/ips")).unwrap().count(), 0);
+    assert!(!dir_ipam.path().exists(), "the store went with its last attachment");
     assert_eq!(std::fs::read_dir(dir.path().join("cache")).unwrap().count(), 0);
 }
 
@@ -90,11 +91,13 @@ fn cnitool_runs_a_plexus_host_device_conflist() {
     lab.add_nic("ens3f0", 9000);
     lab.node.ip(&["addr", "add", "198.18.72.5/24", "dev", "ens3f0"]);
     let dir = tempfile::tempdir().unwrap();
+    let dir_state = plexus_tests::DataDir::new("state");
+    let dir_ipam = plexus_tests::DataDir::new("ipam");
     let netconf = dir.path().join("net.d");
     std::fs::create_dir_all(&netconf).unwrap();
     let list = json!({"cniVersion": "1.0.0", "name": "hostdev", "plugins": [{"type": "plexus-host-device", "device": "ens3f0",
-        "dataDir": dir.path().join("state"),
-        "ipam": {"type": "plexus-ipam", "range": "198.18.73.0/24", "dataDir": dir.path().join("ipam")}}]});
+        "dataDir": dir_state.path(),
+        "ipam": {"type": "plexus-ipam", "range": "198.18.73.0/24", "dataDir": dir_ipam.path()}}]});
     std::fs::write(netconf.join("30-hostdev.conflist"), list.to_string()).unwrap();
     let before = lab.node.link("ens3f0").unwrap();
     let (ok, out) = cnitool_net(&lab, "add", "hostdev", &netconf, "net1", None);
@@ -115,11 +118,12 @@ fn cnitool_runs_plexus_macvlan_chained_with_reference_tuning() {
     let lab = Lab::new();
     lab.add_nic("nic0", 9000);
     let dir = tempfile::tempdir().unwrap();
+    let dir_ipam = plexus_tests::DataDir::new("ipam");
     let netconf = dir.path().join("net.d");
     std::fs::create_dir_all(&netconf).unwrap();
     let list = json!({"cniVersion": "1.0.0", "name": "tuned", "plugins": [
         {"type": "plexus-macvlan", "master": "nic0",
-         "ipam": {"type": "plexus-ipam", "range": "198.18.74.0/24", "dataDir": dir.path().join("ipam")}},
+         "ipam": {"type": "plexus-ipam", "range": "198.18.74.0/24", "dataDir": dir_ipam.path()}},
         {"type": "tuning", "promisc": true, "sysctl": {"net.ipv4.conf.net1.arp_filter": "1"}}]});
     std::fs::write(netconf.join("40-tuned.conflist"), list.to_string()).unwrap();
     let (ok, out) = cnitool_net(&lab, "add", "tuned", &netconf, "net1", None);

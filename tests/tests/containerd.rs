@@ -112,6 +112,7 @@ fn ctr_run_cni_attaches_through_plexus_and_del_with_empty_netns_releases_the_add
     lab.add_nic("nic0", 9000);
     let c = Containerd::start();
     let work = tempfile::tempdir().unwrap();
+    let work_ipam = plexus_tests::DataDir::new("ipam");
     let archive = busybox_archive(work.path());
     let (ok, out) = c.ctr(&["images", "import", archive.to_str().unwrap()]);
     assert!(ok, "ctr images import: {out}");
@@ -122,7 +123,7 @@ fn ctr_run_cni_attaches_through_plexus_and_del_with_empty_netns_releases_the_add
     std::fs::create_dir_all(&netd).unwrap();
     std::fs::create_dir_all(&nads).unwrap();
     let nad = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
-        "ipam": {"type": "plexus-ipam", "range": "198.18.95.0/24", "dataDir": work.path().join("ipam")}});
+        "ipam": {"type": "plexus-ipam", "range": "198.18.95.0/24", "dataDir": work_ipam.path()}});
     std::fs::write(
         nads.join("rail0.yaml"),
         format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: rail0\nspec:\n  config: '{nad}'\n"),
@@ -161,7 +162,7 @@ fn ctr_run_cni_attaches_through_plexus_and_del_with_empty_netns_releases_the_add
     assert!(add.contains("netns=/proc/") && add.contains("/ns/net"), "ADD gets /proc/<pid>/ns/net: {add}");
     let del = logged.lines().find(|l| l.contains("command=DEL")).unwrap_or_else(|| panic!("no DEL logged: {logged}"));
     assert!(del.contains("netns=}") || del.contains("netns= "), "DEL arrives with an empty CNI_NETNS: {del}");
-    let held = std::fs::read_dir(work.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0);
+    let held = std::fs::read_dir(work_ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0);
     assert_eq!(held, 0, "DEL with an empty CNI_NETNS still released the address");
     assert_eq!(std::fs::read_dir(work.path().join("cache")).unwrap().count(), 0, "no delegate cache left");
     let (ok, out) = c.ctr(&["containers", "list", "-q"]);

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use plexus_tests::daemon::write_gated_delegate;
-use plexus_tests::{DaemonProcess, Lab, Netns, Outcome, PluginRun, plugin_bin};
+use plexus_tests::{DaemonProcess, DataDir, Lab, Netns, Outcome, PluginRun, plugin_bin};
 use serde_json::{Value, json};
 
 fn bin_dir() -> PathBuf {
@@ -22,6 +22,7 @@ struct Node {
     lab: Lab,
     pod2: Netns,
     dir: tempfile::TempDir,
+    ipam: DataDir,
 }
 
 impl Node {
@@ -30,7 +31,7 @@ impl Node {
         lab.add_nic("nic0", 9000);
         lab.add_nic("nic1", 9000);
         let pod2 = lab.another_pod();
-        let n = Node { lab, pod2, dir: tempfile::tempdir().unwrap() };
+        let n = Node { lab, pod2, dir: tempfile::tempdir().unwrap(), ipam: DataDir::new("ipam") };
         for d in ["nads", "gate", "run"] {
             std::fs::create_dir_all(n.dir.path().join(d)).unwrap();
         }
@@ -56,7 +57,7 @@ impl Node {
     }
 
     fn ipam_dir(&self) -> String {
-        self.dir.path().join("ipam").display().to_string()
+        self.ipam.path().display().to_string()
     }
 
     fn socket(&self) -> PathBuf {

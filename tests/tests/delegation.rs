@@ -28,6 +28,7 @@ fn env_for(lab: &Lab, command: Command, path: Vec<PathBuf>) -> CniEnv {
         path,
         netns_override: false,
         vars: Vec::new(),
+        deadline: plexus_cni::Deadline::after(std::time::Duration::from_secs(60)),
     }
 }
 

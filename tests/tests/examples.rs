@@ -84,13 +84,14 @@ fn the_four_rail_example_attaches_four_rails_in_one_subnet() {
     }
     // The example NADs as they are, with the IPAM store moved into a temp dir.
     let dir = tempfile::tempdir().unwrap();
+    let dir_ipam = plexus_tests::DataDir::new("ipam");
     let nads = dir.path().join("nads");
     std::fs::create_dir_all(&nads).unwrap();
     for i in 0..4 {
         let text = std::fs::read_to_string(examples().join(format!("four-rail/rail{i}.yaml"))).unwrap();
         let moved = text.replace(
             "\"network_name\": \"rails\"",
-            &format!("\"network_name\": \"rails\", \"dataDir\": \"{}\"", dir.path().join("ipam").display()),
+            &format!("\"network_name\": \"rails\", \"dataDir\": \"{}\"", dir_ipam.path().display()),
         );
         assert_ne!(moved, text);
         std::fs::write(nads.join(format!("rail{i}.yaml")), moved).unwrap();

@@ -44,16 +44,25 @@ fn assert_names_path(what: &str, dir: &Path, out: &plexus_tests::Outcome) {
     );
 }
 
-/// Mount a tmpfs on `rig.dir/<sub>`, then: every k of room in pages and in inodes, and
-/// read-only. Returns the rooms at which an ADD first succeeded (pages, inodes).
+/// Mount a tmpfs on `<sub>` (the rig's IPAM or state data directory, or `rig.dir/<sub>`), then:
+/// every k of room in pages and in inodes, and read-only. Returns the rooms at which an ADD first
+/// succeeded (pages, inodes).
 fn exhaust(rig: &Rig, sub: &str) -> (u64, u64) {
-    let dir = rig.dir.path().join(sub);
+    let dir = match sub {
+        "ipam" => rig.ipam.path().to_path_buf(),
+        "state" => rig.state.path().to_path_buf(),
+        _ => rig.dir.path().join(sub),
+    };
     std::fs::create_dir_all(&dir).unwrap();
     let mount = Mount::tmpfs(&dir, "1m");
     // A page in use from the start: a tmpfs cannot be sized to zero pages (that means unlimited).
-    std::fs::write(dir.join("ballast"), [0u8; 4096]).unwrap();
+    // A data directory has its mark, which stays (a mount point is never removed); the cache
+    // directory gets a file.
+    if !matches!(sub, "ipam" | "state") {
+        std::fs::write(dir.join("ballast"), [0u8; 4096]).unwrap();
+    }
     let no_log = Path::new("/dev/null");
-    // A first cycle creates what stays (the store's directories and lock file).
+    // A first cycle creates what stays (the data directory's mark, the cache directory).
     assert!(rig.run("ADD", None, no_log).success());
     assert!(rig.run("DEL", None, no_log).success());
     let before = rig.snapshot();

@@ -5,7 +5,9 @@
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use plexus_tests::{Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, write_policy};
+use plexus_tests::{
+    DataDir, Lab, Netns, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, write_policy,
+};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = "plexus-host-device";
@@ -13,6 +15,8 @@ const PLUGIN: &str = "plexus-host-device";
 struct Rig {
     lab: Lab,
     dir: tempfile::TempDir,
+    ipam: DataDir,
+    state: DataDir,
 }
 
 /// What DEL must give back.
@@ -36,7 +40,7 @@ impl Rig {
         lab.node.ip(&["addr", "add", "198.18.50.5/24", "dev", "ens1f0"]);
         lab.node.ip(&["addr", "add", "2001:db8:50::5/64", "dev", "ens1f0", "nodad"]);
         lab.node.ip(&["link", "set", "ens1f0", "alias", "rail-0 uplink"]);
-        Rig { lab, dir: tempfile::tempdir().unwrap() }
+        Rig { lab, dir: tempfile::tempdir().unwrap(), ipam: DataDir::new("ipam"), state: DataDir::new("state") }
     }
 
     fn host(&self, name: &str) -> Host {
@@ -73,8 +77,8 @@ impl Rig {
 
     fn conf(&self, version: &str, extra: Value) -> Value {
         let mut c = json!({"cniVersion": version, "name": "hostdev", "type": PLUGIN,
-            "dataDir": self.dir.path().join("state"),
-            "ipam": {"type": "plexus-ipam", "range": "198.18.51.0/24", "dataDir": self.dir.path().join("ipam")}});
+            "dataDir": self.state,
+            "ipam": {"type": "plexus-ipam", "range": "198.18.51.0/24", "dataDir": self.ipam}});
         c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         c
     }
@@ -100,7 +104,7 @@ impl Rig {
     }
 
     fn state_files(&self) -> usize {
-        std::fs::read_dir(self.dir.path().join("state")).map(|d| d.count()).unwrap_or(0)
+        self.state.entries().len()
     }
 }
 
@@ -206,14 +210,14 @@ fn a_failing_ipam_puts_the_device_back_with_its_host_state() {
     let c = rig.conf(
         "1.0.0",
         json!({"device": "ens1f0", "ipam": {"type": "plexus-ipam", "range": "198.18.52.0/24",
-               "routes": [{"dst": "198.19.0.0/16", "gw": "198.20.0.1"}], "dataDir": rig.dir.path().join("ipam")}}),
+               "routes": [{"dst": "198.19.0.0/16", "gw": "198.20.0.1"}], "dataDir": rig.ipam}}),
     );
     let (code, msg, _) = rig.run("ADD", &c).error();
     assert_eq!(code, 102, "{msg}");
     assert_eq!(rig.host("ens1f0"), before);
     assert!(rig.lab.pod.link("net1").is_none());
     assert_eq!(rig.state_files(), 0);
-    let held = std::fs::read_dir(rig.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0);
+    let held = std::fs::read_dir(rig.ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0);
     assert_eq!(held, 0, "address released");
 }
 
@@ -225,18 +229,18 @@ fn del_restores_the_device_when_ipam_del_fails_and_reports_that_failure() {
     assert!(rig.run("ADD", &c).success());
     // plexus-ipam cannot open a store under a regular file: its DEL fails; the device still comes
     // back (IPAM DEL runs alongside) and the DEL reports the IPAM's error.
-    let file = rig.dir.path().join("a-file");
-    std::fs::write(&file, b"").unwrap();
+    let file = DataDir::new("a-file");
+    std::fs::write(file.path(), b"").unwrap();
     let broken = rig.conf(
         "1.0.0",
-        json!({"device": "ens1f0", "ipam": {"type": "plexus-ipam", "range": "198.18.51.0/24", "dataDir": file.join("ipam")}}),
+        json!({"device": "ens1f0", "ipam": {"type": "plexus-ipam", "range": "198.18.51.0/24", "dataDir": file}}),
     );
     let (code, msg, _) = rig.run("DEL", &broken).error();
     assert_ne!(code, 0);
     assert!(msg.contains("a-file: is not a directory"), "{msg}");
     assert_eq!(rig.host("ens1f0"), before);
     assert_eq!(rig.state_files(), 0);
-    let held = || std::fs::read_dir(rig.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0);
+    let held = || std::fs::read_dir(rig.ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0);
     assert_eq!(held(), 1, "the failed IPAM DEL released nothing");
     assert!(rig.run("DEL", &c).success());
     assert_eq!(held(), 0, "address released");
@@ -254,7 +258,7 @@ fn del_succeeds_twice_with_empty_netns_without_state_file_after_a_manual_move_ba
     assert_eq!(rig.host("ens1f0"), before);
     // State file deleted: the marker alias still names the device (state not known: name only).
     assert!(rig.run("ADD", &c).success());
-    std::fs::remove_dir_all(rig.dir.path().join("state")).unwrap();
+    std::fs::remove_dir_all(rig.state.path()).unwrap();
     assert!(rig.run("DEL", &c).success());
     assert!(rig.lab.node.link("ens1f0").is_some(), "back under its host name");
     rig.lab.node.ip(&["link", "set", "ens1f0", "up"]);
@@ -473,7 +477,7 @@ fn a_state_dir_outside_the_data_roots_is_refused_and_the_device_stays() {
     let policy = write_policy(
         rig.dir.path(),
         "strict.json",
-        &json!({"dataRoots": [rig.dir.path().join("ipam"), "/var/lib/cni/plexus-host-device"]}),
+        &json!({"dataRoots": [rig.dir.path().join("elsewhere"), "/var/lib/cni/plexus-host-device"]}),
     );
     let c = rig.conf("1.0.0", json!({"device": "ens1f0"}));
     let (code, msg, details) = rig.run_as("ADD", "net1", &c, &policy).error();
@@ -481,7 +485,7 @@ fn a_state_dir_outside_the_data_roots_is_refused_and_the_device_stays() {
     assert!(msg.starts_with("dataDir \"") && msg.ends_with("is not beneath the node policy's dataRoots"), "{msg}");
     assert!(details.contains("strict.json"), "{details}");
     assert_eq!(rig.host("ens1f0"), before, "not moved, nothing changed");
-    assert!(!rig.dir.path().join("state").exists(), "no state written");
+    assert!(!rig.state.path().exists(), "no state written");
     assert!(rig.run_as("DEL", "net1", &c, &policy).success(), "DEL succeeds: nothing was done");
     assert_eq!(rig.host("ens1f0"), before);
 }
@@ -541,11 +545,13 @@ fn devices_and_pci_addresses_off_the_allow_lists_are_refused_and_the_device_stay
 fn a_state_dir_that_fills_up_during_add_fails_the_add_and_gives_the_device_back() {
     let rig = Rig::new();
     let before = rig.host("ens1f0");
-    let state = rig.dir.path().join("state");
+    let state = rig.state.path().to_path_buf();
     std::fs::create_dir_all(&state).unwrap();
-    // Two pages: one filled here, one for the first state write; the second write has none.
-    let _tmpfs = plexus_tests::Mount::tmpfs(&state, "8k");
-    std::fs::write(state.join("filler"), vec![0u8; 4096]).unwrap();
+    // Three pages: one filled here, one for the directory's mark, one for the first state write;
+    // the second write has none. (The filler has a temp file's name: a directory holding anything
+    // else is no plexus data directory.)
+    let _tmpfs = plexus_tests::Mount::tmpfs(&state, "12k");
+    std::fs::write(state.join(".filler.tmp0"), vec![0u8; 4096]).unwrap();
     let c = rig.conf("1.0.0", json!({"device": "ens1f0"}));
     let (code, msg, _) = rig.run("ADD", &c).error();
     assert_eq!(code, 5, "{msg}");
@@ -553,7 +559,7 @@ fn a_state_dir_that_fills_up_during_add_fails_the_add_and_gives_the_device_back(
     assert_eq!(rig.host("ens1f0"), before, "the device is back, as it was");
     assert!(rig.lab.pod.link("net1").is_none());
     assert!(!state.join("ctr1=net1").exists(), "no state file is left to be trusted later");
-    let held = std::fs::read_dir(rig.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0);
+    let held = std::fs::read_dir(rig.ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0);
     assert_eq!(held, 0, "the address was released");
     assert!(rig.run("DEL", &c).success());
 }

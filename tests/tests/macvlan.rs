@@ -34,6 +34,19 @@ fn ours(lab: &Lab, verb: &str, c: &Value) -> Outcome {
     run(lab, &plugin_bin(PLUGIN), verb, &lab.pod, "net1", c)
 }
 
+/// [`ours`] under the node policy `policy` (a file written in `dir`).
+fn ours_under(lab: &Lab, dir: &Path, policy: Value, verb: &str, c: &Value) -> Outcome {
+    let mut policy = policy;
+    policy["dataRoots"] = json!([std::env::temp_dir()]);
+    let file = write_policy(dir, "policy.json", &policy);
+    PluginRun::new(plugin_bin(PLUGIN), verb)
+        .attachment("ctr1", &lab.pod.path(), "net1", REFERENCE_CNI_DIR)
+        .env("PLEXUS_POLICY", file.to_str().unwrap())
+        .stdin(c)
+        .in_netns(&lab.node)
+        .run()
+}
+
 fn lab() -> Lab {
     let lab = Lab::new();
     lab.add_nic("nic0", 9000);
@@ -51,8 +64,11 @@ fn assert_pod_clean(pod: &Netns) {
 #[test]
 fn add_creates_a_macvlan_in_every_mode_on_the_master_with_its_mtu() {
     let lab = lab();
+    let dir = tempfile::tempdir().unwrap();
+    // passthru takes the parent over: only where the policy names it (trust_boundary.rs).
+    let all_modes = json!({"allow": {"macvlanModes": ["bridge", "private", "vepa", "passthru"]}});
     for mode in ["bridge", "private", "vepa", "passthru"] {
-        let out = ours(&lab, "ADD", &conf("1.1.0", json!({"mode": mode})));
+        let out = ours_under(&lab, dir.path(), all_modes.clone(), "ADD", &conf("1.1.0", json!({"mode": mode})));
         let r = out.result();
         let link = lab.pod.link("net1").expect("net1 in the pod");
         assert_eq!(link.kind(), Some("macvlan"));
@@ -175,13 +191,19 @@ fn bad_input_fails_with_its_code_and_leaves_nothing() {
 }
 
 #[test]
-fn master_defaults_to_the_default_route_interface_of_the_node_namespace() {
+fn master_defaults_to_the_default_route_interface_of_the_node_namespace_the_policy_names() {
     let lab = lab();
+    let dir = tempfile::tempdir().unwrap();
     lab.node.ip(&["addr", "add", "198.18.9.2/24", "dev", "nic0"]);
     lab.node.ip(&["route", "add", "default", "via", "198.18.9.1"]);
     let mut c = conf("1.0.0", json!({}));
     c.as_object_mut().unwrap().remove("master");
-    assert!(ours(&lab, "ADD", &c).success());
+    // The node's uplink is nobody's implicit parent unless the policy names it.
+    let (code, msg, _) = ours(&lab, "ADD", &c).error();
+    assert_eq!(code, 7, "{msg}");
+    assert!(msg.contains("default-route interface \"nic0\" is not a parent the node policy names"), "{msg}");
+    assert!(lab.pod.link("net1").is_none());
+    assert!(ours_under(&lab, dir.path(), json!({"allow": {"parents": ["nic0"]}}), "ADD", &c).success());
     let nic = lab.node.link("nic0").unwrap();
     assert_eq!(lab.pod.link("net1").unwrap().link_index, Some(nic.ifindex));
 }

@@ -5,12 +5,13 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use plexus_tests::{Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
+use plexus_tests::{DataDir, Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
 use serde_json::{Value, json};
 
 struct Standalone {
     lab: Lab,
     dir: tempfile::TempDir,
+    ipam: DataDir,
 }
 
 fn bin_dir() -> PathBuf {
@@ -22,7 +23,7 @@ impl Standalone {
         let lab = Lab::new();
         lab.add_nic("nic0", 9000);
         lab.add_nic("nic1", 9000);
-        let s = Standalone { lab, dir: tempfile::tempdir().unwrap() };
+        let s = Standalone { lab, dir: tempfile::tempdir().unwrap(), ipam: DataDir::new("ipam") };
         std::fs::create_dir_all(s.nads()).unwrap();
         s.nad(
             "rail0",
@@ -46,7 +47,7 @@ impl Standalone {
     }
 
     fn ipam_dir(&self) -> String {
-        self.dir.path().join("ipam").display().to_string()
+        self.ipam.path().display().to_string()
     }
 
     fn cache_dir(&self) -> PathBuf {

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use plexus_tests::fake_api::{FakeApi, Fault};
-use plexus_tests::{Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
+use plexus_tests::{DataDir, Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
 use serde_json::{Value, json};
 
 const POD_ARGS: &str =
@@ -15,6 +15,7 @@ struct Cluster {
     lab: Lab,
     api: FakeApi,
     dir: tempfile::TempDir,
+    ipam: DataDir,
 }
 
 fn bin_dir() -> String {
@@ -27,7 +28,7 @@ impl Cluster {
         lab.add_nic("nic0", 9000);
         lab.add_nic("nic1", 9000);
         let api = FakeApi::start_in(&lab.node);
-        let c = Cluster { lab, api, dir: tempfile::tempdir().unwrap() };
+        let c = Cluster { lab, api, dir: tempfile::tempdir().unwrap(), ipam: DataDir::new("ipam") };
         let ipam = |range: &str| json!({"type": "plexus-ipam", "range": range, "dataDir": c.ipam_dir()});
         c.api.add_nad(
             "ml",
@@ -47,7 +48,7 @@ impl Cluster {
     }
 
     fn ipam_dir(&self) -> String {
-        self.dir.path().join("ipam").display().to_string()
+        self.ipam.path().display().to_string()
     }
 
     fn conf(&self) -> Value {
@@ -65,7 +66,7 @@ impl Cluster {
     }
 
     fn held(&self) -> usize {
-        std::fs::read_dir(self.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0)
+        std::fs::read_dir(self.ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0)
     }
 
     fn pod_links(&self) -> Vec<String> {

@@ -5,12 +5,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use plexus_tests::runner::enter_netns;
-use plexus_tests::{Lab, plugin_bin, test_policy, tool_bin};
+use plexus_tests::{DataDir, Lab, plugin_bin, test_policy, tool_bin};
 use serde_json::{Value, json};
 
 struct Ctl {
     lab: Lab,
     dir: tempfile::TempDir,
+    ipam: DataDir,
+    ipam2: DataDir,
 }
 
 fn bin_dir() -> PathBuf {
@@ -21,11 +23,12 @@ impl Ctl {
     fn new(version: &str) -> Ctl {
         let lab = Lab::new();
         lab.add_nic("nic0", 9000);
-        let c = Ctl { lab, dir: tempfile::tempdir().unwrap() };
+        let c =
+            Ctl { lab, dir: tempfile::tempdir().unwrap(), ipam: DataDir::new("ipam"), ipam2: DataDir::new("ipam2") };
         std::fs::create_dir_all(c.netconf()).unwrap();
         let list = json!({"cniVersion": version, "name": "roce", "plugins": [
             {"type": "plexus-macvlan", "master": "nic0",
-             "ipam": {"type": "plexus-ipam", "range": "198.18.80.0/24", "dataDir": c.dir.path().join("ipam"), "nodeName": "node-a"}}]});
+             "ipam": {"type": "plexus-ipam", "range": "198.18.80.0/24", "dataDir": c.ipam, "nodeName": "node-a"}}]});
         std::fs::write(c.netconf().join("20-roce.conflist"), list.to_string()).unwrap();
         c
     }
@@ -60,7 +63,7 @@ impl Ctl {
     }
 
     fn held(&self) -> usize {
-        std::fs::read_dir(self.dir.path().join("ipam/default/ips")).map(|d| d.count()).unwrap_or(0)
+        std::fs::read_dir(self.ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0)
     }
 }
 
@@ -230,7 +233,7 @@ fn roce_prints_each_pod_addresss_gid_indexes_by_netns_and_by_pod_and_doctor_chec
     let nads = c.dir.path().join("nads");
     std::fs::create_dir_all(&nads).unwrap();
     let nad_conf = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
-        "ipam": {"type": "plexus-ipam", "range": "198.18.82.0/24", "dataDir": c.dir.path().join("ipam2")}});
+        "ipam": {"type": "plexus-ipam", "range": "198.18.82.0/24", "dataDir": c.ipam2}});
     std::fs::write(
         nads.join("rail0.yaml"),
         format!(

@@ -7,17 +7,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use plexus_tests::runner::enter_netns;
-use plexus_tests::{Lab, plugin_bin, test_policy};
+use plexus_tests::{DataDir, Lab, plugin_bin, test_policy};
 use serde_json::json;
 
 struct Podman {
     dir: tempfile::TempDir,
+    ipam: DataDir,
 }
 
 impl Podman {
     fn new(lab: &Lab) -> Podman {
         assert!(Path::new("/usr/bin/podman").exists(), "podman missing: scripts/test.sh installs it");
-        let p = Podman { dir: tempfile::tempdir().unwrap() };
+        let p = Podman { dir: tempfile::tempdir().unwrap(), ipam: DataDir::new("ipam") };
         let conf_dir = p.dir.path().join("net.d");
         std::fs::create_dir_all(&conf_dir).unwrap();
         std::fs::write(
@@ -52,7 +53,7 @@ impl Podman {
     }
 
     fn ipam_dir(&self) -> PathBuf {
-        self.dir.path().join("ipam")
+        self.ipam.path().to_path_buf()
     }
 
     fn podman(&self, lab: &Lab, args: &[&str]) -> (bool, String) {

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use plexus_tests::{Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, test_policy, write_policy};
+use plexus_tests::{DataDir, Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, test_policy, write_policy};
 use serde_json::{Value, json};
 
 fn bin_dir() -> PathBuf {
@@ -21,6 +21,8 @@ fn bin_dir() -> PathBuf {
 struct Node {
     lab: Lab,
     dir: tempfile::TempDir,
+    /// plexus-ipam's data directory (a direct child of the data root, as the policy wants).
+    ipam: DataDir,
     policy: PathBuf,
 }
 
@@ -40,7 +42,7 @@ impl Node {
         let mut policy = json!({"dataRoots": [std::env::temp_dir()]});
         policy.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let policy = write_policy(dir.path(), "policy.json", &policy);
-        Node { lab, dir, policy }
+        Node { lab, dir, ipam: DataDir::new("ipam"), policy }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -60,7 +62,7 @@ impl Node {
 
     fn macvlan_nad(&self, name: &str, master: &str, range: &str, extra: Value) {
         let mut c = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": master,
-            "ipam": {"type": "plexus-ipam", "range": range, "dataDir": self.path("ipam")}});
+            "ipam": {"type": "plexus-ipam", "range": range, "dataDir": self.ipam}});
         c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         self.nad(name, &c);
     }
@@ -126,7 +128,7 @@ impl Node {
     }
 
     fn held(&self) -> usize {
-        std::fs::read_dir(self.path("ipam/default/ips")).map(|d| d.count()).unwrap_or(0)
+        std::fs::read_dir(self.ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0)
     }
 
     /// A file a tenant would like root to overwrite, append to, delete or send.
@@ -143,7 +145,7 @@ fn assert_untouched(victim: &Path) {
 
 fn macvlan_conf(node: &Node, extra: Value) -> Value {
     let mut c = json!({"cniVersion": "1.0.0", "name": "rail0", "type": "plexus-macvlan", "master": "nic0",
-        "ipam": {"type": "plexus-ipam", "range": "198.18.40.0/24", "dataDir": node.path("ipam")}});
+        "ipam": {"type": "plexus-ipam", "range": "198.18.40.0/24", "dataDir": node.ipam}});
     c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     c
 }
@@ -326,7 +328,7 @@ fn a_planted_symlink_in_the_ipam_store_is_never_followed() {
     std::fs::create_dir_all(&victim_dir).unwrap();
     let victim = n.victim("victim-dir/precious");
     // tmp -> a victim directory: the store would have emptied it under its lock.
-    let store = n.path("ipam/default");
+    let store = n.ipam.path().join("default");
     std::fs::create_dir_all(&store).unwrap();
     std::os::unix::fs::symlink(&victim_dir, store.join("tmp")).unwrap();
     let c = macvlan_conf(&n, json!({}));
@@ -345,10 +347,11 @@ fn a_planted_symlink_in_the_ipam_store_is_never_followed() {
     assert!(out.success(), "{}", out.stdout);
     assert_untouched(&cursor_victim);
     assert!(!cursor.is_symlink(), "the planted link was replaced, not written through");
-    // A symlinked data dir itself (beneath an allowed root) is refused too.
-    std::os::unix::fs::symlink(&victim_dir, n.path("linked")).unwrap();
+    // A symlinked data dir itself (a direct child of an allowed root) is refused too.
+    let linked = DataDir::new("linked");
+    std::os::unix::fs::symlink(&victim_dir, linked.path()).unwrap();
     let c = json!({"cniVersion": "1.0.0", "name": "rail0", "type": "x",
-        "ipam": {"type": "plexus-ipam", "range": "198.18.44.0/24", "dataDir": n.path("linked/ipam")}});
+        "ipam": {"type": "plexus-ipam", "range": "198.18.44.0/24", "dataDir": linked}});
     let (_, msg, _) = n.direct("plexus-ipam", "ADD", &c).error();
     assert!(msg.contains("linked: is a symbolic link: refused"), "{msg}");
     assert_eq!(std::fs::read_dir(&victim_dir).unwrap().count(), 1, "nothing created in the victim dir");

@@ -19,6 +19,11 @@
 //! same bytes: the delegation reads them as it reads a child's. A panic is the plugin's CNI error
 //! (code 999), as in its binary. A delegation waited for at once runs on the caller's thread; one
 //! the caller works beside (an IPAM ADD started early) on a thread of its own.
+//!
+//! In-process work is bounded work: the plugins end every loop and wait at the request's
+//! deadline, which they get in their environment as a process would. Should one ever overrun it
+//! anyway, a thread cannot be killed: the caller stops waiting for it and [`give_up`] makes every
+//! later delegation exec its binary, which can be.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -61,9 +66,29 @@ fn seen<T>(f: impl FnOnce(&mut Seen) -> T) -> T {
     f(SEEN.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new))
 }
 
-/// The carried plugin `binary` is, when it is one of this build; `None` when nothing is carried
-/// or the binary is anything else.
+/// Set once an in-process run overran its request's deadline: from then on every delegate is
+/// exec'd (a process can be killed at its deadline, a thread cannot).
+static GIVEN_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Stop running delegates in-process, for the rest of this process's life: `why` an in-process
+/// run could not be stopped (it overran its deadline). Its thread is left to end by itself.
+pub fn give_up(why: &str) {
+    if !GIVEN_UP.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        tracing::error!("{why}: every delegate is exec'd from now on (a process can be killed at its deadline)");
+    }
+}
+
+/// Whether in-process runs were given up ([`give_up`]).
+pub fn given_up() -> bool {
+    GIVEN_UP.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// The carried plugin `binary` is, when it is one of this build; `None` when nothing is carried,
+/// in-process runs were given up, or the binary is anything else.
 pub fn lookup(binary: &Path) -> Option<&'static Builtin> {
+    if given_up() {
+        return None;
+    }
     let carried = CARRIED.get().filter(|c| !c.is_empty())?;
     // Only a file named as a carried plugin is asked: any other plugin is exec'd unasked.
     let name = binary.file_name()?.to_str()?;
@@ -175,13 +200,18 @@ pub(crate) fn run(builtin: &Builtin, env: &HashMap<String, Option<String>>, stdi
     std::process::Output { status: std::process::ExitStatus::from_raw(i32::from(exit) << 8), stdout, stderr }
 }
 
-/// [`run`] on a thread of its own, while the caller goes on.
+/// [`run`] on a thread of its own, while the caller goes on; its output arrives on the channel
+/// (which the caller may stop waiting on at its deadline).
 pub(crate) fn start(
     builtin: &'static Builtin,
     env: HashMap<String, Option<String>>,
     stdin: Vec<u8>,
-) -> std::io::Result<std::thread::JoinHandle<std::process::Output>> {
-    std::thread::Builder::new().name(builtin.about.name.into()).spawn(move || run(builtin, &env, &stdin))
+) -> std::io::Result<std::sync::mpsc::Receiver<std::process::Output>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new().name(builtin.about.name.into()).spawn(move || {
+        let _ = tx.send(run(builtin, &env, &stdin));
+    })?;
+    Ok(rx)
 }
 
 #[cfg(test)]

@@ -1,6 +1,12 @@
 //! Delegation: find a plugin by `type` in `CNI_PATH` and run it (no shell), as libcni
 //! `pkg/invoke` does. The delegate inherits this process's environment with the `CNI_*`
 //! variables replaced by the ones given.
+//!
+//! Unlike libcni, a delegate runs within the request's deadline ([`crate::deadline`]): it runs in
+//! a process group of its own, and when it has not finished by then (it hangs, it spins, it prints
+//! nothing) the whole group is killed and the delegation fails with code 11. The group is killed
+//! when the delegate ends as well, so nothing it started outlives the request; its output is read
+//! up to [`OUTPUT_MAX`]. plexus's own non-plugin binaries are never a delegate.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -19,6 +25,15 @@ use crate::result::CniResult;
 /// How much of a failed delegate's unstructured output an error repeats.
 const OUTPUT_EXCERPT: usize = 2048;
 
+/// The most a delegate may print on stdout or stderr: beyond it, it is killed (a result is a few
+/// KiB; the bound keeps a delegate that prints forever from growing the caller's memory).
+pub const OUTPUT_MAX: usize = crate::plugin::STDIN_MAX_BYTES;
+
+/// plexus's own binaries that are not CNI plugins: never run as a delegate (a network naming one
+/// as its `type` is refused, code 7, before anything runs). Each of them also refuses to run when
+/// it finds `CNI_COMMAND` in its environment, whatever name it was installed under.
+pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl"];
+
 /// Whether delegates die with the thread that runs them (a long-running parent).
 static DIE_WITH_PARENT: OnceLock<()> = OnceLock::new();
 
@@ -29,12 +44,22 @@ pub fn delegates_die_with_parent() {
     let _ = DIE_WITH_PARENT.set(());
 }
 
+/// Refuse a `type` that is one of plexus's own binaries that are not plugins (code 7).
+pub fn refuse_not_plugin(plugin_type: &str) -> Result<(), Error> {
+    if NOT_PLUGINS.contains(&plugin_type) {
+        return Err(Error::invalid_config(format!("plugin type {plugin_type:?} is not a CNI plugin"))
+            .with_details(format!("plexus's own {NOT_PLUGINS:?} are never run as a delegate")));
+    }
+    Ok(())
+}
+
 /// The executable for plugin `plugin_type` in the directories of `CNI_PATH`.
 pub fn find_plugin(plugin_type: &str, cni_path: &[PathBuf]) -> Result<PathBuf, Error> {
     if plugin_type.is_empty() || plugin_type == "." || plugin_type == ".." || plugin_type.contains('/') {
         return Err(Error::invalid_config(format!("invalid plugin type {plugin_type:?}"))
             .with_details("a plugin type is a file name in CNI_PATH, without '/'"));
     }
+    refuse_not_plugin(plugin_type)?;
     cni_path.iter().map(|dir| dir.join(plugin_type)).find(|p| is_executable_file(p)).ok_or_else(|| {
         let dirs: Vec<String> = cni_path.iter().map(|d| d.display().to_string()).collect();
         Error::new(
@@ -85,6 +110,7 @@ pub struct Running {
     plugin_type: String,
     command: Command,
     run: Run,
+    deadline: crate::Deadline,
 }
 
 /// How a delegate runs: its binary as a child process, or (a plugin this process carries, of
@@ -93,7 +119,7 @@ pub struct Running {
 #[derive(Debug)]
 enum Run {
     Child { child: Child, feeder: Option<std::thread::JoinHandle<()>> },
-    InProcess(std::thread::JoinHandle<std::process::Output>),
+    InProcess(std::sync::mpsc::Receiver<std::process::Output>),
     Ran(std::process::Output),
 }
 
@@ -135,24 +161,43 @@ fn start_delegate(
             Run::Child { child, feeder }
         }
     };
-    Ok(Running { plugin_type: plugin_type.to_string(), command, run })
+    Ok(Running { plugin_type: plugin_type.to_string(), command, run, deadline: env.deadline })
 }
 
 impl Running {
     /// Wait for the delegate: ADD yields its result, the other verbs `None`; a failure yields the
     /// delegate's own CNI error.
     pub fn wait(self) -> Result<Option<CniResult>, Error> {
-        let Running { plugin_type, command, run } = self;
+        let Running { plugin_type, command, run, deadline } = self;
         let failed = |e: String| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}"));
         let out = match run {
             Run::Child { child, feeder } => {
-                let out = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+                let out = collect(child, deadline).map_err(|e| match e {
+                    Collected::Failed(e) => failed(e.to_string()),
+                    Collected::TimedOut => {
+                        deadline.expired(format!("plugin {plugin_type:?} ({command}) did not finish: killed"))
+                    }
+                    Collected::TooMuch => failed(format!("it printed more than {OUTPUT_MAX} bytes: killed")),
+                })?;
                 if let Some(f) = feeder {
                     let _ = f.join();
                 }
                 out
             }
-            Run::InProcess(thread) => thread.join().map_err(|_| failed("its in-process thread panicked".into()))?,
+            Run::InProcess(answer) => match answer.recv_timeout(deadline.remaining()) {
+                Ok(out) => out,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    // A thread cannot be killed: it is left, and no delegate runs in-process from
+                    // now on (a process can be killed at its deadline).
+                    crate::builtin::give_up(&format!("plugin {plugin_type:?} ({command}) overran its deadline"));
+                    return Err(
+                        deadline.expired(format!("plugin {plugin_type:?} ({command}, in-process) did not finish"))
+                    );
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(failed("its in-process thread panicked".into()));
+                }
+            },
             Run::Ran(out) => out,
         };
         if !out.status.success() {
@@ -187,6 +232,7 @@ fn child_env(command: Command, env: &CniEnv) -> std::io::Result<HashMap<String, 
         ("CNI_ARGS", Some(env.args.to_env_string())),
         ("CNI_PATH", Some(path)),
         ("CNI_NETNS", env.netns.as_ref().map(|ns| ns.display().to_string())),
+        (crate::deadline::DEADLINE_ENV, Some(env.deadline.to_env())),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -209,6 +255,9 @@ fn start(
         };
     }
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // A group of its own: at its deadline, and when it ends, the group is killed, so nothing it
+    // started outlives the request.
+    cmd.process_group(0);
     if DIE_WITH_PARENT.get().is_some() {
         let parent = nix::unistd::getpid();
         // SAFETY: between fork and exec only prctl(2) and getppid(2): no allocation, no lock.
@@ -234,6 +283,109 @@ fn start(
         let _ = pipe.write_all(&stdin);
     });
     Ok((child, Some(feeder)))
+}
+
+/// Why a child's output could not be collected.
+enum Collected {
+    Failed(std::io::Error),
+    /// Still running at the deadline: its group was killed.
+    TimedOut,
+    /// It printed more than [`OUTPUT_MAX`]: its group was killed.
+    TooMuch,
+}
+
+/// Kill what is left of the delegate's process group (the delegate itself exited, or is to die).
+fn kill_group(child: &Child) {
+    let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+    let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Read the child's stdout and stderr until both close, then wait for it to exit, all by the
+/// deadline; then kill its group (before the child is reaped, so the group's ID is still its
+/// own) and reap it.
+fn collect(mut child: Child, deadline: crate::Deadline) -> Result<std::process::Output, Collected> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    use std::io::Read;
+    use std::os::fd::AsFd;
+
+    let give_up = |child: &mut Child, why: Collected| {
+        kill_group(child);
+        let _ = child.wait();
+        Err(why)
+    };
+    let mut pipes = [child.stdout.take().map(ChildOutput::Out), child.stderr.take().map(ChildOutput::Err)];
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut chunk = vec![0u8; 64 * 1024];
+    while pipes.iter().any(Option::is_some) {
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return give_up(&mut child, Collected::TimedOut);
+        }
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        let ready: Vec<bool> = {
+            let open: Vec<&ChildOutput> = pipes.iter().flatten().collect();
+            let mut fds: Vec<PollFd> = open.iter().map(|p| PollFd::new(p.as_fd(), PollFlags::POLLIN)).collect();
+            match poll(&mut fds, timeout) {
+                Ok(_) => fds.iter().map(|f| f.revents().is_some_and(|r| !r.is_empty())).collect(),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return give_up(&mut child, Collected::Failed(e.into())),
+            }
+        };
+        let mut ready = ready.into_iter();
+        for slot in pipes.iter_mut() {
+            let Some(pipe) = slot else { continue };
+            if !ready.next().unwrap_or(false) {
+                continue;
+            }
+            let (n, buf) = match pipe {
+                ChildOutput::Out(p) => (p.read(&mut chunk), &mut stdout),
+                ChildOutput::Err(p) => (p.read(&mut chunk), &mut stderr),
+            };
+            match n {
+                Ok(0) => *slot = None,
+                Ok(n) if buf.len() + n > OUTPUT_MAX => return give_up(&mut child, Collected::TooMuch),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return give_up(&mut child, Collected::Failed(e)),
+            }
+        }
+    }
+    // Both pipes closed: it has exited, or soon will (or hangs with them closed).
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut pause = std::time::Duration::from_micros(100);
+    loop {
+        match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(_) => break,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return give_up(&mut child, Collected::Failed(e.into())),
+        }
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return give_up(&mut child, Collected::TimedOut);
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(std::time::Duration::from_millis(10));
+    }
+    kill_group(&child);
+    let status = child.wait().map_err(Collected::Failed)?;
+    Ok(std::process::Output { status, stdout, stderr })
+}
+
+/// One of a child's output pipes.
+enum ChildOutput {
+    Out(std::process::ChildStdout),
+    Err(std::process::ChildStderr),
+}
+
+impl std::os::fd::AsFd for ChildOutput {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            ChildOutput::Out(p) => p.as_fd(),
+            ChildOutput::Err(p) => p.as_fd(),
+        }
+    }
 }
 
 /// The IPAM step of an attaching plugin. IPAM plugins that do not touch the interface run

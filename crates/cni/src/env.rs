@@ -82,6 +82,8 @@ pub struct CniEnv {
     pub netns_override: bool,
     /// Further variables a delegate gets (the meta-plugin's log settings and its mark).
     pub vars: Vec<(String, String)>,
+    /// When this request gives up ([`crate::deadline`]); a delegate gets it in its environment.
+    pub deadline: crate::Deadline,
 }
 
 impl CniEnv {
@@ -116,6 +118,8 @@ impl CniEnv {
                 .map(|p| (crate::paths::POLICY_ENV.to_string(), p))
                 .into_iter()
                 .collect(),
+            // The policy's limit replaces the default once the policy is read (the entry point).
+            deadline: crate::Deadline::from_env(&get, crate::policy::Limits::default().request_timeout()),
         })
     }
 }

@@ -171,6 +171,12 @@ impl SafeDir {
     }
 }
 
+impl AsFd for SafeDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// Create `dir` (and parents) with mode 0700 where missing.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), Error> {
     DirBuilder::new()

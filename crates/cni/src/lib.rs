@@ -10,6 +10,8 @@
 pub mod builtin;
 pub mod chain;
 pub mod config;
+pub mod datadir;
+pub mod deadline;
 pub mod delegate;
 pub mod env;
 pub mod error;
@@ -28,6 +30,7 @@ pub mod undo;
 pub mod version;
 
 pub use config::{ConfList, Ipam, NetConf};
+pub use deadline::Deadline;
 pub use env::{CniArgs, CniEnv, Command};
 pub use error::{Error, code};
 pub use plugin::{About, Plugin, Request, ValidAttachment};

@@ -74,6 +74,49 @@ impl LogTarget {
     }
 }
 
+/// `text` with its control characters escaped (`\x1b`, `\n`, `\u{9b}`...): tenant strings
+/// (interface names, NAD names and configs, annotations) reach logs and terminals, and an ESC or a
+/// newline in one must not rewrite what an operator sees or forge a log line.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x80 && c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// A log writer that escapes control characters in each record ([`escape_controls`]), all but
+/// the newline that ends it: whatever a tenant string holds, one record stays one line.
+pub struct Escaping<W>(pub W);
+
+impl<W: std::io::Write> std::io::Write for Escaping<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        let (body, end) = match text.strip_suffix('\n') {
+            Some(body) => (body, "\n"),
+            None => (&*text, ""),
+        };
+        let escaped = escape_controls(body);
+        self.0.write_all(escaped.as_bytes())?;
+        self.0.write_all(end.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
 /// Start logging to `target` for the rest of this invocation (until the guard drops).
 pub fn init(target: &LogTarget, plugin: &str) -> Option<DefaultGuard> {
     let level = level(target.level.as_deref().unwrap_or("error"));
@@ -82,14 +125,14 @@ pub fn init(target: &LogTarget, plugin: &str) -> Option<DefaultGuard> {
     if let Some(path) = &target.file {
         match open_log(path) {
             Ok(file) => {
-                let sub = builder.with_writer(Mutex::new(file)).finish();
+                let sub = builder.with_writer(Mutex::new(Escaping(file))).finish();
                 return Some(tracing::subscriber::set_default(sub));
             }
             Err(e) => eprintln!("{plugin}: cannot open log file {:?}: {e}", path.display().to_string()),
         }
     }
     if target.to_stderr {
-        let sub = builder.with_writer(std::io::stderr).finish();
+        let sub = builder.with_writer(|| Escaping(std::io::stderr())).finish();
         return Some(tracing::subscriber::set_default(sub));
     }
     None
@@ -132,6 +175,17 @@ mod tests {
         assert_eq!(t.file.as_deref(), Some(Path::new("/var/log/plexus.log")));
         let t = LogTarget::choose(&c, true, |_| None, &policy);
         assert_eq!(t.file.as_deref(), Some(Path::new("/etc/ld.so.preload")), "the admin's own config is honoured");
+    }
+
+    #[test]
+    fn control_characters_in_tenant_strings_are_escaped_and_a_record_stays_one_line() {
+        assert_eq!(escape_controls("net1"), "net1");
+        assert_eq!(escape_controls("a\x1b[2Jb\x07"), "a\\x1b[2Jb\\x07");
+        assert_eq!(escape_controls("x\ny\u{9b}"), "x\\ny\\u{9b}");
+        let mut out = Vec::new();
+        std::io::Write::write_all(&mut Escaping(&mut out), b"ERROR ifname \"e\x1b]0;owned\x07\"\nforged line\n")
+            .unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "ERROR ifname \"e\\x1b]0;owned\\x07\"\\nforged line\n");
     }
 
     #[test]

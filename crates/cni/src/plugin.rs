@@ -133,6 +133,17 @@ pub fn run(about: About, plugin: &(impl Plugin + ?Sized)) -> ExitCode {
     ExitCode::from(status)
 }
 
+/// For plexus's binaries that are not plugins (plexus-daemon, plexusctl): run as a delegate (a
+/// `CNI_COMMAND` in the environment, whatever name the binary was installed under), print the
+/// CNI error (code 7) a runtime or meta-plugin can read and exit at once; `None` otherwise.
+pub fn refuse_as_delegate(name: &str) -> Option<ExitCode> {
+    std::env::var_os("CNI_COMMAND").filter(|c| !c.is_empty())?;
+    let e = Error::invalid_config(format!("{name} is not a CNI plugin: it does not run as a delegate"))
+        .with_details(format!("plexus's own {:?} are never a network's \"type\"", crate::delegate::NOT_PLUGINS));
+    let _ = write_json(&e.to_json(SpecVersion::LATEST), &mut std::io::stdout().lock());
+    Some(ExitCode::FAILURE)
+}
+
 /// [`run`] with its inputs and outputs given: returns the exit status.
 pub fn dispatch(
     about: About,
@@ -237,6 +248,8 @@ fn prepare(
         refuse_own_netns(env.netns.as_deref())?;
     }
     let policy = Policy::load(&getenv)?;
+    let mut env = env;
+    env.deadline = crate::Deadline::from_env(&getenv, policy.limits.request_timeout());
     Ok(Some(Request { env, version, config, stdin: raw, policy, log: LogTarget::default() }))
 }
 

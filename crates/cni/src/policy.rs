@@ -15,9 +15,12 @@
 //!   "stores": {"fabric": {"etcd": {"endpoints": ["https://10.0.0.5:2379"], "prefix": "/plexus-ipam",
 //!              "tls": {"caFile": "/etc/plexus/etcd-ca.pem"}}}},
 //!   "allow": {"parents": ["ens1f0np0", "ens2f0np0"], "devices": ["ens1f0v*"],
-//!             "pciAddresses": ["0000:3b:00.*"],
-//!             "namespaces": {"team-a": {"parents": ["ens1f0np0"]}}},
+//!             "pciAddresses": ["0000:3b:00.*"], "ranges": ["198.18.0.0/16"],
+//!             "namespaces": {"team-a": {"parents": ["ens1f0np0"], "macvlanModes": ["bridge", "passthru"],
+//!                                       "ranges": ["198.18.4.0/22"]}}},
 //!   "maxAttachments": 64,
+//!   "limits": {"requestTimeoutSeconds": 110, "nadConfigBytes": 65536, "kubernetesPools": 256,
+//!              "bcQueueLen": 10000},
 //!   "deviceInfoDir": "/var/run/k8s.cni.cncf.io/devinfo/cni",
 //!   "kubernetes": {"kubeconfig": "/etc/cni/net.d/plexus.d/plexus.kubeconfig", "namespace": "kube-system"}
 //! }
@@ -30,7 +33,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::files::{SafeDir, is_clean_absolute};
+use crate::files::is_clean_absolute;
 use crate::paths;
 
 /// The largest policy file read.
@@ -64,6 +67,9 @@ pub struct Policy {
     /// node's credentials and the namespace of the IPAM objects. Only here, never in a config.
     #[serde(default)]
     pub kubernetes: Option<KubernetesPolicy>,
+    /// The bounds of what one request (and so one tenant) may take of what the node shares.
+    #[serde(default)]
+    pub limits: Limits,
     /// The file this policy came from (messages say which rule refused what).
     #[serde(skip)]
     pub source: String,
@@ -95,22 +101,107 @@ pub struct LogPolicy {
     pub level: Option<String>,
 }
 
-/// Allow-lists of node devices, node-wide and per pod namespace.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+/// The bounds a tenant's requests stay within (`limits`), each the admin's.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// The longest one CNI request may take, in seconds, delegates included: every wait for a
+    /// lock, the API or a delegate ends there (code 11), a delegate process still running then is
+    /// killed, and plexus-daemon gives the request's slot back.
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_seconds: u64,
+    /// The largest `spec.config` of a NetworkAttachmentDefinition plexus reads, in bytes: a pod
+    /// selecting a larger one gets code 7, and plexus-daemon's cache keeps only its size.
+    #[serde(default = "default_nad_config_bytes")]
+    pub nad_config_bytes: usize,
+    /// The most IPPools the `kubernetes` store's namespace may hold before a node refuses to
+    /// create another (code 7): tenants choose range and `network_name`, the node's credentials
+    /// create the object.
+    #[serde(default = "default_kubernetes_pools")]
+    pub kubernetes_pools: usize,
+    /// The largest macvlan `bcqueuelen` a config may ask for: the broadcast queue is the
+    /// parent's, shared by every macvlan on it, and the kernel keeps the largest any asked for.
+    #[serde(default = "default_bc_queue_len")]
+    pub bc_queue_len: u32,
+}
+
+fn default_request_timeout() -> u64 {
+    110
+}
+fn default_nad_config_bytes() -> usize {
+    64 * 1024
+}
+fn default_kubernetes_pools() -> usize {
+    256
+}
+fn default_bc_queue_len() -> u32 {
+    10_000
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            request_timeout_seconds: default_request_timeout(),
+            nad_config_bytes: default_nad_config_bytes(),
+            kubernetes_pools: default_kubernetes_pools(),
+            bc_queue_len: default_bc_queue_len(),
+        }
+    }
+}
+
+impl Limits {
+    /// [`Limits::request_timeout_seconds`] as a duration.
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.request_timeout_seconds)
+    }
+}
+
+/// Allow-lists, node-wide and per pod namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "AllowKeys")]
 pub struct Allow {
-    #[serde(default)]
-    pub parents: Option<Vec<String>>,
-    #[serde(default)]
-    pub devices: Option<Vec<String>>,
-    #[serde(default)]
-    pub pci_addresses: Option<Vec<String>>,
+    /// The node-wide lists.
+    pub lists: AllowLists,
     /// Lists for pods of one namespace; a list absent there falls back to the node-wide one.
-    #[serde(default)]
     pub namespaces: BTreeMap<String, AllowLists>,
 }
 
-/// The lists of one namespace.
+/// `allow` as written: the node-wide lists beside `namespaces` (spelled out rather than
+/// flattened, which would let a misspelt key through).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AllowKeys {
+    #[serde(default)]
+    parents: Option<Vec<String>>,
+    #[serde(default)]
+    devices: Option<Vec<String>>,
+    #[serde(default)]
+    pci_addresses: Option<Vec<String>>,
+    #[serde(default)]
+    macvlan_modes: Option<Vec<String>>,
+    #[serde(default)]
+    ranges: Option<Vec<String>>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, AllowLists>,
+}
+
+impl From<AllowKeys> for Allow {
+    fn from(k: AllowKeys) -> Allow {
+        Allow {
+            lists: AllowLists {
+                parents: k.parents,
+                devices: k.devices,
+                pci_addresses: k.pci_addresses,
+                macvlan_modes: k.macvlan_modes,
+                ranges: k.ranges,
+            },
+            namespaces: k.namespaces,
+        }
+    }
+}
+
+/// The lists of one scope (the node, or one namespace). An absent list restricts nothing, except
+/// `macvlanModes`, whose absence allows every mode that does not take the parent over.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllowLists {
@@ -120,6 +211,12 @@ pub struct AllowLists {
     pub devices: Option<Vec<String>>,
     #[serde(default)]
     pub pci_addresses: Option<Vec<String>>,
+    /// macvlan modes; `passthru` (the parent's MAC and all its unicast traffic) only when named.
+    #[serde(default)]
+    pub macvlan_modes: Option<Vec<String>>,
+    /// CIDRs every range of a plexus-ipam config must lie inside (any store).
+    #[serde(default)]
+    pub ranges: Option<Vec<String>>,
 }
 
 /// What an allow-list governs.
@@ -131,7 +228,13 @@ pub enum Allowed {
     Device,
     /// The PCI address of a device plexus-host-device hands to a pod.
     PciAddress,
+    /// A macvlan mode.
+    MacvlanMode,
 }
+
+/// The macvlan modes allowed where no `macvlanModes` list says otherwise: every mode but
+/// `passthru`, which gives the macvlan the parent's MAC and all of its unicast traffic.
+pub const DEFAULT_MACVLAN_MODES: &[&str] = &["bridge", "private", "vepa"];
 
 impl Allowed {
     fn key(self) -> &'static str {
@@ -139,22 +242,25 @@ impl Allowed {
             Allowed::Parent => "parents",
             Allowed::Device => "devices",
             Allowed::PciAddress => "pciAddresses",
+            Allowed::MacvlanMode => "macvlanModes",
         }
     }
 
-    fn pick<'a>(
-        self,
-        parents: &'a Option<Vec<String>>,
-        devices: &'a Option<Vec<String>>,
-        pci: &'a Option<Vec<String>>,
-    ) -> Option<&'a Vec<String>> {
+    fn pick(self, lists: &AllowLists) -> Option<&Vec<String>> {
         match self {
-            Allowed::Parent => parents.as_ref(),
-            Allowed::Device => devices.as_ref(),
-            Allowed::PciAddress => pci.as_ref(),
+            Allowed::Parent => lists.parents.as_ref(),
+            Allowed::Device => lists.devices.as_ref(),
+            Allowed::PciAddress => lists.pci_addresses.as_ref(),
+            Allowed::MacvlanMode => lists.macvlan_modes.as_ref(),
         }
     }
 }
+
+/// The macvlan modes plexus knows.
+pub const MACVLAN_MODES: &[&str] = &["bridge", "private", "vepa", "passthru"];
+
+/// The longest `limits.requestTimeoutSeconds` a policy may set (a runtime gives up long before).
+pub const MAX_REQUEST_TIMEOUT_SECONDS: u64 = 3600;
 
 fn default_data_roots() -> Vec<PathBuf> {
     vec![paths::IPAM_DATA_DIR.into(), paths::HOST_DEVICE_DATA_DIR.into()]
@@ -176,6 +282,7 @@ impl Default for Policy {
             max_attachments: default_max_attachments(),
             device_info_dir: default_device_info_dir(),
             kubernetes: None,
+            limits: Limits::default(),
             source: format!("defaults (no {})", paths::POLICY_FILE),
         }
     }
@@ -274,15 +381,33 @@ impl Policy {
         if policy.max_attachments == 0 {
             return Err(Error::invalid_config("maxAttachments: must be at least 1"));
         }
+        let limits = &policy.limits;
+        if !(1..=MAX_REQUEST_TIMEOUT_SECONDS).contains(&limits.request_timeout_seconds) {
+            return Err(Error::invalid_config(format!(
+                "limits.requestTimeoutSeconds: {} is not between 1 and {MAX_REQUEST_TIMEOUT_SECONDS}",
+                limits.request_timeout_seconds
+            )));
+        }
+        if limits.nad_config_bytes == 0 || limits.kubernetes_pools == 0 {
+            return Err(Error::invalid_config("limits.nadConfigBytes and limits.kubernetesPools: must be at least 1"));
+        }
+        let scopes = std::iter::once(("allow".to_string(), &policy.allow.lists))
+            .chain(policy.allow.namespaces.iter().map(|(ns, l)| (format!("allow.namespaces.{ns}"), l)));
+        for (scope, lists) in scopes {
+            for mode in lists.macvlan_modes.iter().flatten() {
+                if !MACVLAN_MODES.contains(&mode.as_str()) {
+                    return Err(Error::invalid_config(format!(
+                        "{scope}.macvlanModes: {mode:?} is not one of {MACVLAN_MODES:?}"
+                    )));
+                }
+            }
+            for cidr in lists.ranges.iter().flatten() {
+                if cidr.parse::<ipnetwork::IpNetwork>().is_err() {
+                    return Err(Error::invalid_config(format!("{scope}.ranges: {cidr:?} is not a CIDR")));
+                }
+            }
+        }
         Ok(policy)
-    }
-
-    /// The data directory `path` that config key `key` names, opened beneath one of the
-    /// `dataRoots` without following symlinks (created 0700 where missing).
-    pub fn data_dir(&self, key: &str, path: &Path) -> Result<SafeDir, Error> {
-        let root = self.data_root(key, path)?;
-        SafeDir::open_beneath(root, path, true)
-            .map_err(|e| Error::io(format!("{key} {:?}: {e}", path.display().to_string())))
     }
 
     /// The root of `dataRoots` that `path` (config key `key`) lies beneath: a code-7 error
@@ -298,27 +423,75 @@ impl Policy {
         })
     }
 
-    /// Check that `value` (config key `key`) is on the allow-list of `what` for a pod in
-    /// `namespace`; no list means no restriction.
-    pub fn check_allowed(&self, what: Allowed, key: &str, value: &str, namespace: Option<&str>) -> Result<(), Error> {
+    /// The list of `what` that applies to a pod in `namespace` (its namespace's, else the
+    /// node-wide one) and the scope it came from (for messages); `None` when there is none.
+    fn list_for(&self, what: Allowed, namespace: Option<&str>) -> Option<(&Vec<String>, String)> {
         let ns = namespace.and_then(|n| self.allow.namespaces.get(n).map(|l| (n, l)));
-        let (list, scope) = match ns.and_then(|(n, l)| {
-            what.pick(&l.parents, &l.devices, &l.pci_addresses).map(|list| (list, format!(" for namespace {n}")))
-        }) {
-            Some(found) => found,
-            None => match what.pick(&self.allow.parents, &self.allow.devices, &self.allow.pci_addresses) {
-                Some(list) => (list, String::new()),
-                None => return Ok(()),
-            },
+        match ns.and_then(|(n, l)| what.pick(l).map(|list| (list, format!(" for namespace {n}")))) {
+            Some(found) => Some(found),
+            None => what.pick(&self.allow.lists).map(|list| (list, String::new())),
+        }
+    }
+
+    fn refused(&self, what: Allowed, key: &str, value: &str, list: &[String], scope: &str) -> Error {
+        Error::invalid_config(format!("{key} {value:?} is not allowed by the node policy")).with_details(format!(
+            "allow.{}{scope}: {list:?} (policy: {})",
+            what.key(),
+            self.source
+        ))
+    }
+
+    /// Check that `value` (config key `key`) is on the allow-list of `what` for a pod in
+    /// `namespace`; no list means no restriction (macvlan modes: [`DEFAULT_MACVLAN_MODES`]).
+    pub fn check_allowed(&self, what: Allowed, key: &str, value: &str, namespace: Option<&str>) -> Result<(), Error> {
+        let Some((list, scope)) = self.list_for(what, namespace) else {
+            if what == Allowed::MacvlanMode && !DEFAULT_MACVLAN_MODES.contains(&value) {
+                let defaults: Vec<String> = DEFAULT_MACVLAN_MODES.iter().map(|m| m.to_string()).collect();
+                return Err(self
+                    .refused(what, key, value, &defaults, " (not set: the modes that share the parent)")
+                    .with_details(format!(
+                        "mode {value:?} takes the parent over: name it in allow.macvlanModes (node-wide) or \
+                         allow.namespaces.<namespace>.macvlanModes (policy: {})",
+                        self.source
+                    )));
+            }
+            return Ok(());
         };
         if list.iter().any(|e| matches(e, value)) {
             return Ok(());
         }
-        Err(Error::invalid_config(format!("{key} {value:?} is not allowed by the node policy")).with_details(format!(
-            "allow.{}{scope}: {list:?} (policy: {})",
-            what.key(),
-            self.source
-        )))
+        Err(self.refused(what, key, value, list, &scope))
+    }
+
+    /// Whether `value` is named by the list of `what` for a pod in `namespace` (a list that
+    /// exists and matches it; no list names nothing).
+    pub fn names(&self, what: Allowed, value: &str, namespace: Option<&str>) -> bool {
+        self.list_for(what, namespace).is_some_and(|(list, _)| list.iter().any(|e| matches(e, value)))
+    }
+
+    /// Check that `network` (an IPAM range of config key `key`) lies inside one of the CIDRs of
+    /// `allow.ranges` for a pod in `namespace`; no list means no restriction.
+    pub fn check_range(&self, key: &str, network: ipnetwork::IpNetwork, namespace: Option<&str>) -> Result<(), Error> {
+        let ns = namespace.and_then(|n| self.allow.namespaces.get(n).map(|l| (n, l)));
+        let (list, scope) = match ns.and_then(|(n, l)| l.ranges.as_ref().map(|r| (r, format!(" for namespace {n}")))) {
+            Some(found) => found,
+            None => match &self.allow.lists.ranges {
+                Some(list) => (list, String::new()),
+                None => return Ok(()),
+            },
+        };
+        let inside = |cidr: &String| {
+            cidr.parse::<ipnetwork::IpNetwork>().is_ok_and(|allowed| {
+                allowed.is_ipv4() == network.is_ipv4()
+                    && allowed.prefix() <= network.prefix()
+                    && allowed.contains(network.network())
+            })
+        };
+        if list.iter().any(inside) {
+            return Ok(());
+        }
+        Err(Error::invalid_config(format!("{key} {:?} is not allowed by the node policy", network.to_string()))
+            .with_details(format!("allow.ranges{scope}: {list:?} (policy: {})", self.source)))
     }
 
     /// Whether `path` names a file directly in the device-info directory (also when spelled

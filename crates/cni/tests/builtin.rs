@@ -77,6 +77,7 @@ fn env(dir: &Path, command: Command) -> CniEnv {
             ("PLEXUS_LOG_FILE".into(), dir.join("log").display().to_string()),
             ("PLEXUS_LOG_LEVEL".into(), "debug".into()),
         ],
+        deadline: plexus_cni::Deadline::after(std::time::Duration::from_secs(60)),
     }
 }
 

@@ -120,11 +120,12 @@ pub struct EtcdTls {
 /// Which store holds the allocations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreConfig {
-    /// The file store in `data_dir`, opened beneath `root` without following symlinks (`root` is
-    /// the policy's data root it lies beneath, or `data_dir` itself when a policy profile names it).
+    /// The file store in `data_dir`: named by the network's config key `key` (opened by the
+    /// node policy's rule for data directories), or by a store profile of the policy (`None`:
+    /// the admin's, opened as it is).
     File {
         data_dir: PathBuf,
-        root: PathBuf,
+        key: Option<String>,
     },
     Etcd(EtcdConfig),
     /// whereabouts' objects on the Kubernetes API (`"store": "kubernetes"`).
@@ -143,6 +144,9 @@ pub struct KubernetesStoreConfig {
     /// applies patches to one pool one at a time anyway, and a node's concurrent writers would
     /// only make it retry them.
     pub node_lock_dir: PathBuf,
+    /// The most IPPools the namespace may hold before a node refuses to create another (the
+    /// policy's `limits.kubernetesPools`).
+    pub max_pools: usize,
 }
 
 /// The parsed IPAM configuration of one network.
@@ -184,6 +188,7 @@ impl IpamConfig {
         if specs.is_empty() {
             return Err(IpamError::Config("ipam needs \"range\" or \"ipRanges\"".into()));
         }
+        let store = parse_store(keys.store.as_ref(), keys.data_dir.clone(), policy)?;
         let mut ranges = Vec::new();
         for k in specs {
             if k.range.is_empty() {
@@ -192,13 +197,24 @@ impl IpamConfig {
             // An entry without its own gateway inherits the top-level one of the same family.
             let is_v6 = k.range.contains(':');
             let inherited = keys.top.gateway.as_deref().filter(|g| g.contains(':') == is_v6);
-            ranges.push(IpRange::parse(&RangeSpec {
+            let range = IpRange::parse(&RangeSpec {
                 range: &k.range,
                 range_start: k.range_start.as_deref(),
                 range_end: k.range_end.as_deref(),
                 exclude: &k.exclude,
                 gateway: k.gateway.as_deref().or(inherited),
-            })?);
+            })?;
+            ranges.push(match &store {
+                // whereabouts reads offsets back as int64: the store never holds larger ones, and
+                // a range with none below that is refused here, before any lock or API call.
+                StoreConfig::Kubernetes(_) => range
+                    .capped(
+                        crate::store::kubernetes::MAX_OFFSET,
+                        "the kubernetes store holds offsets below 2^63 only (whereabouts reads them as int64)",
+                    )
+                    .map_err(|e| IpamError::Refused(e.to_string()))?,
+                _ => range,
+            });
         }
         let domain = match keys.network_name.as_deref().filter(|n| !n.is_empty()) {
             Some(n) if name_ok(n) => n.to_string(),
@@ -210,7 +226,6 @@ impl IpamConfig {
             None => DEFAULT_DOMAIN.into(),
         };
         let addresses = keys.addresses.iter().map(static_address).collect::<Result<Vec<_>, _>>()?;
-        let store = parse_store(keys.store.as_ref(), keys.data_dir, policy)?;
         let node = match keys.node_name {
             Some(n) if name_ok(&n) => n,
             Some(n) => return Err(IpamError::Config(format!("invalid nodeName {n:?}"))),
@@ -246,6 +261,15 @@ fn static_address(a: &StaticAddress) -> Result<IpConfig, IpamError> {
 }
 
 impl IpamConfig {
+    /// Refuse a range the node policy's `allow.ranges` does not give pods of `namespace` (code 7,
+    /// before any store is opened): shared pools are the admin's to hand out.
+    pub fn check_ranges_allowed(&self, policy: &Policy, namespace: Option<&str>) -> Result<(), plexus_cni::Error> {
+        for r in &self.ranges {
+            policy.check_range("range", r.network, namespace)?;
+        }
+        Ok(())
+    }
+
     /// The result of an ADD: one address per range (with the range's gateway), then the static
     /// `addresses`, routes and DNS. `CNI_ARGS` `GATEWAY=` entries (whereabouts) become the gateway
     /// of every address whose network contains them.
@@ -271,8 +295,8 @@ fn tenant_file_store(key: &str, data_dir: Option<PathBuf>, policy: &Policy) -> R
         Some(d) => (key, d),
         None => ("dataDir", PathBuf::from(DEFAULT_DATA_DIR)),
     };
-    let root = policy.data_root(key, &data_dir).map_err(|e| IpamError::Refused(e.to_string()))?.to_path_buf();
-    Ok(StoreConfig::File { data_dir, root })
+    policy.data_root(key, &data_dir).map_err(|e| IpamError::Refused(e.to_string()))?;
+    Ok(StoreConfig::File { data_dir, key: Some(key.to_string()) })
 }
 
 /// A store profile of the node policy (`stores.<name>`): trusted, the admin wrote it.
@@ -297,7 +321,7 @@ fn profile_store(name: &str, v: &Value) -> Result<StoreConfig, IpamError> {
             let dir = dir
                 .filter(|d| plexus_cni::files::is_clean_absolute(d))
                 .ok_or_else(|| bad("file.dataDir must be an absolute path without . or ..".into()))?;
-            Ok(StoreConfig::File { root: dir.clone(), data_dir: dir })
+            Ok(StoreConfig::File { data_dir: dir, key: None })
         }
         other => Err(bad(format!("unknown store kind {other:?}: use \"etcd\" or \"file\""))),
     }
@@ -375,6 +399,7 @@ fn kubernetes_store(options: &Value, policy: &Policy) -> Result<StoreConfig, Ipa
         namespace: k.namespace.clone(),
         leader_election,
         node_lock_dir: policy.data_roots.first().cloned().unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+        max_pools: policy.limits.kubernetes_pools,
     }))
 }
 
@@ -405,7 +430,7 @@ mod tests {
         assert_eq!(c.ranges[0].gateway.unwrap().to_string(), "198.18.0.1");
         assert_eq!(c.ranges[1].gateway, None, "an IPv4 gateway is not an IPv6 range's");
         assert_eq!((c.domain.as_str(), c.overlapping, c.node.as_str()), ("default", true, "n1"));
-        assert_eq!(c.store, StoreConfig::File { data_dir: DEFAULT_DATA_DIR.into(), root: DEFAULT_DATA_DIR.into() });
+        assert_eq!(c.store, StoreConfig::File { data_dir: DEFAULT_DATA_DIR.into(), key: Some("dataDir".into()) });
     }
 
     #[test]
@@ -414,7 +439,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             c.store,
-            StoreConfig::File { data_dir: "/var/lib/cni/plexus-ipam/x".into(), root: DEFAULT_DATA_DIR.into() }
+            StoreConfig::File { data_dir: "/var/lib/cni/plexus-ipam/x".into(), key: Some("store.file.dataDir".into()) }
         );
         let e = conf(json!({"range": "198.18.0.0/24", "store": "redis"})).unwrap_err();
         assert!(e.to_string().contains("store \"redis\" is neither \"file\" nor a store profile"), "{e}");
@@ -449,10 +474,7 @@ mod tests {
             IpamConfig::from_netconf(&nc, &policy)
         };
         assert!(matches!(with("fabric").unwrap().store, StoreConfig::Etcd(ref e) if e.block_size == 8));
-        assert_eq!(
-            with("local").unwrap().store,
-            StoreConfig::File { data_dir: "/srv/ipam".into(), root: "/srv/ipam".into() }
-        );
+        assert_eq!(with("local").unwrap().store, StoreConfig::File { data_dir: "/srv/ipam".into(), key: None });
         assert!(with("broken").unwrap_err().to_string().contains("stores.broken: etcd.endpoints is empty"));
     }
 
@@ -484,6 +506,7 @@ mod tests {
                 namespace: "kube-system".into(),
                 leader_election: false,
                 node_lock_dir: DEFAULT_DATA_DIR.into(),
+                max_pools: 256,
             })
         );
         let c =

@@ -9,8 +9,9 @@ pub enum IpamError {
     /// A configuration value that cannot be used (names the key and the value).
     #[error("{0}")]
     Config(String),
-    /// A store the node policy does not allow this config to use (names the key, the value and
-    /// the rule): nothing was ever stored there under this policy.
+    /// A config that can never hold an allocation here — a store the node policy does not allow
+    /// it, a range with no address its store can hold (names the key, the value and the rule):
+    /// nothing was ever stored under it, so DEL has nothing to release.
     #[error("{0}")]
     Refused(String),
     /// No free address left in a range.

@@ -223,16 +223,47 @@ impl IpRange {
         (o >= self.first && o <= self.last && !self.is_excluded(o)).then_some(o)
     }
 
+    /// The excluded span holding `offset`, if any: found by binary search (the spans are sorted
+    /// and merged), so a config with many exclusions costs a search, not a walk, per candidate.
+    fn excluded_span(&self, offset: u128) -> Option<(u128, u128)> {
+        let i = self.excluded.partition_point(|&(lo, _)| lo <= offset);
+        i.checked_sub(1).map(|i| self.excluded[i]).filter(|&(_, hi)| offset <= hi)
+    }
+
     pub fn is_excluded(&self, offset: u128) -> bool {
-        self.excluded.iter().any(|&(lo, hi)| offset >= lo && offset <= hi)
+        self.excluded_span(offset).is_some()
     }
 
     /// If `offset` is excluded, the first offset after its excluded span.
     pub fn skip_excluded(&self, offset: u128) -> u128 {
-        match self.excluded.iter().find(|&&(lo, hi)| offset >= lo && offset <= hi) {
-            Some(&(_, hi)) => hi.saturating_add(1),
+        match self.excluded_span(offset) {
+            Some((_, hi)) => hi.saturating_add(1),
             None => offset,
         }
+    }
+
+    /// This range with no offset above `max` (a store that cannot hold larger offsets): an error
+    /// naming the range when nothing usable is left at or below `max`. `why` says whose limit it is.
+    pub fn capped(&self, max: u128, why: &str) -> Result<IpRange, IpamError> {
+        let shown = |r: &IpRange| format!("{}-{}", r.addr(r.first), r.addr(r.last));
+        if self.first > max {
+            return Err(IpamError::Config(format!(
+                "range {} (usable {}) starts above {}: {why}",
+                self.network,
+                shown(self),
+                self.addr(max)
+            )));
+        }
+        let capped = IpRange { last: self.last.min(max), ..self.clone() };
+        if capped.capacity() == 0 {
+            return Err(IpamError::Config(format!(
+                "range {} (usable {}): every address up to {} is excluded: {why}",
+                self.network,
+                shown(self),
+                self.addr(max)
+            )));
+        }
+        Ok(capped)
     }
 
     /// How many addresses this range can hand out.
@@ -407,6 +438,44 @@ mod tests {
         assert_eq!(x.offset_of("198.18.0.5".parse().unwrap()), None);
         assert_eq!(x.offset_of("198.18.0.16".parse().unwrap()), Some(16));
         assert_eq!(x.skip_excluded(3), 16);
+    }
+
+    #[test]
+    fn thousands_of_exclusions_are_found_by_search_not_by_walk() {
+        let base = u32::from(std::net::Ipv4Addr::new(198, 18, 0, 0));
+        let exclude: Vec<String> = (0..50_000u32).map(|i| std::net::Ipv4Addr::from(base + i * 2).to_string()).collect();
+        let x = IpRange::parse(&RangeSpec { range: "198.18.0.0/15", exclude: &exclude, ..Default::default() }).unwrap();
+        assert_eq!(x.excluded.len(), 50_000, "every other address: nothing merges");
+        let started = std::time::Instant::now();
+        let walked: Vec<u128> = crate::store::Candidates::after(&x, None).take(50_000).collect();
+        assert_eq!(walked[..3], [1, 3, 5]);
+        assert!(walked.iter().all(|o| !x.is_excluded(*o)));
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_range_capped_at_a_store_limit_keeps_what_is_below_or_names_why_nothing_is() {
+        let max = (1u128 << 63) - 1;
+        let x = r("2001:db8::/64").capped(max, "limit").unwrap();
+        assert_eq!(x.last, max);
+        let above = IpRange::parse(&RangeSpec {
+            range: "2001:db8:1::/64",
+            range_start: Some("2001:db8:1::8000:0:0:0"),
+            ..Default::default()
+        })
+        .unwrap();
+        let e = above.capped(max, "the store's limit").unwrap_err();
+        assert!(e.to_string().starts_with("range 2001:db8:1::/64 (usable 2001:db8:1:0:8000::-"), "{e}");
+        assert!(e.to_string().ends_with("starts above 2001:db8:1:0:7fff:ffff:ffff:ffff: the store's limit"), "{e}");
+        let lower_half_excluded = IpRange::parse(&RangeSpec {
+            range: "2001:db8:1::/64",
+            exclude: &["2001:db8:1::/65".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        let e = lower_half_excluded.capped(max, "limit").unwrap_err();
+        assert!(e.to_string().contains("every address up to 2001:db8:1:0:7fff:ffff:ffff:ffff is excluded"), "{e}");
+        assert_eq!(r("198.18.0.0/24").capped(max, "limit").unwrap(), r("198.18.0.0/24"), "nothing to cap");
     }
 
     #[test]

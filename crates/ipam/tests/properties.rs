@@ -94,7 +94,7 @@ proptest! {
         let Ok(r) = build(&spec) else { return Ok(()) };
         prop_assume!(r.capacity() <= 64);
         let dir = tempfile::tempdir().unwrap();
-        let store = FileStore::open(dir.path(), dir.path(), "d").unwrap();
+        let store = FileStore::open_admin(dir.path(), "d").unwrap();
         let ranges = vec![r.clone()];
         let mut seen = BTreeSet::new();
         for i in 0..r.capacity() as usize {
@@ -119,7 +119,7 @@ fn range(r: &str) -> IpRange {
 #[test]
 fn a_released_address_is_not_handed_out_again_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FileStore::open(dir.path(), dir.path(), "default").unwrap();
+    let store = FileStore::open_admin(dir.path(), "default").unwrap();
     let ranges = vec![range("198.18.5.0/24")];
     let a = store.allocate(&req(owner(1), &ranges, vec![None], true)).unwrap();
     store.release("c1", "net1").unwrap();
@@ -130,7 +130,7 @@ fn a_released_address_is_not_handed_out_again_at_once() {
 #[test]
 fn overlapping_ranges_never_share_an_address_unless_overlap_is_disabled() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FileStore::open(dir.path(), dir.path(), "default").unwrap();
+    let store = FileStore::open_admin(dir.path(), "default").unwrap();
     let wide = vec![range("198.18.2.0/24")];
     let narrow = vec![range("198.18.2.0/28")];
     let a = store.allocate(&req(owner(1), &narrow, vec![None], true)).unwrap();
@@ -146,7 +146,7 @@ fn overlapping_ranges_never_share_an_address_unless_overlap_is_disabled() {
 #[test]
 fn the_same_attachment_gets_the_same_addresses_and_a_recreated_pod_its_old_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FileStore::open(dir.path(), dir.path(), "default").unwrap();
+    let store = FileStore::open_admin(dir.path(), "default").unwrap();
     let ranges = vec![range("198.18.3.0/24"), range("2001:db8:3::/64")];
     let mut o = owner(1);
     o.pod_ref = Some("ml/trainer-0".into());

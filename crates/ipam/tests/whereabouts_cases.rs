@@ -8,9 +8,10 @@
 use std::net::IpAddr;
 
 use plexus_cni::{NetConf, Policy};
-use plexus_ipam::store::{AllocRequest, Owner};
+use plexus_ipam::store::{AllocRequest, Context, Owner};
 use plexus_ipam::{IpamConfig, IpamError};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 fn policy(dir: &std::path::Path) -> Policy {
     Policy::parse(json!({"dataRoots": [dir]}).to_string().as_bytes()).unwrap()
@@ -32,7 +33,10 @@ fn owner(cid: &str) -> Owner {
 fn first_free(ipam: Value, reserved: &[&str]) -> Result<String, String> {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(ipam, dir.path()).map_err(|e| e.to_string())?;
-    let store = plexus_ipam::store::open(&cfg).map_err(|e| e.to_string())?;
+    let policy = policy(dir.path());
+    let cx =
+        Context { policy: &policy, namespace: None, deadline: plexus_cni::Deadline::after(Duration::from_secs(30)) };
+    let store = plexus_ipam::store::open(&cfg, &cx).map_err(|e| e.to_string())?;
     let ask = |cid: &str, want: Option<IpAddr>| {
         let mut requested = vec![None; cfg.ranges.len()];
         requested[0] = want;
@@ -431,7 +435,13 @@ fn overlapping_ranges_share_addresses_only_when_overlap_is_disabled() {
                 ipam["enable_overlapping_ranges"] = json!(o);
             }
             let cfg = config(ipam, dir.path()).unwrap();
-            let store = plexus_ipam::store::open(&cfg).unwrap();
+            let policy = policy(dir.path());
+            let cx = Context {
+                policy: &policy,
+                namespace: None,
+                deadline: plexus_cni::Deadline::after(Duration::from_secs(30)),
+            };
+            let store = plexus_ipam::store::open(&cfg, &cx).unwrap();
             let req = AllocRequest {
                 owner: owner(cid),
                 ranges: &cfg.ranges,

@@ -97,6 +97,28 @@ pub trait NadSource {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError>;
 }
 
+/// NADs of `source` whose `spec.config` is at most `max` bytes (the node policy's
+/// `limits.nadConfigBytes`): a larger one is a config error naming it, its size and the limit.
+pub struct SizeCapped<'a> {
+    pub source: &'a dyn NadSource,
+    pub max: usize,
+}
+
+impl NadSource for SizeCapped<'_> {
+    fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
+        let nad = self.source.nad(namespace, name)?;
+        if nad.config.len() > self.max {
+            return Err(K8sError::Config(format!(
+                "network-attachment-definition {namespace}/{name}: spec.config is {} bytes, the node policy allows at \
+                 most {} (limits.nadConfigBytes)",
+                nad.config.len(),
+                self.max
+            )));
+        }
+        Ok(nad)
+    }
+}
+
 /// NAD manifests in a directory (`nadDir`): YAML or JSON files, one or several documents each
 /// (`---`), or a `List`. Read on every invocation: no daemon, no cache to go stale.
 #[derive(Debug)]

@@ -131,6 +131,10 @@ fn run(verb: &str, a: &RunArgs) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Exec'd as a CNI plugin (a network naming it as its "type"): refused at once.
+    if let Some(refused) = plexus_cni::plugin::refuse_as_delegate("plexusctl") {
+        return refused;
+    }
     let cli = Cli::parse();
     let outcome = match &cli.cmd {
         Cmd::Add(a) => run("add", a),
@@ -176,7 +180,8 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("plexusctl: {e:#}");
+            // Errors repeat what plugins and stores said (tenant strings among them): escaped.
+            eprintln!("plexusctl: {}", plexus_cni::logging::escape_controls(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }

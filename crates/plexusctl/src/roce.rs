@@ -99,7 +99,14 @@ pub fn print(rows: &[Row]) {
         };
         println!(
             "{:<10} {:<5} {:<6} {:<40} {:<40} {:<4} {}",
-            r.device, r.entry.port, r.entry.index, r.entry.gid, r.addr, ver, r.ifname
+            r.device,
+            r.entry.port,
+            r.entry.index,
+            r.entry.gid,
+            r.addr,
+            ver,
+            // A pod's interface name is its own (tenant) choice: escaped for the terminal.
+            plexus_cni::logging::escape_controls(&r.ifname)
         );
     }
 }

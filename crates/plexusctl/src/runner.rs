@@ -127,6 +127,14 @@ impl Invocation {
                 path,
                 netns_override: false,
                 vars: Vec::new(),
+                // The node policy's request limit, as a runtime's request gets it.
+                deadline: plexus_cni::Deadline::from_env(
+                    |k| std::env::var(k).ok(),
+                    plexus_cni::Policy::load(|k| std::env::var(k).ok())
+                        .map(|p| p.limits)
+                        .unwrap_or_default()
+                        .request_timeout(),
+                ),
             },
             caps,
             cache_dir: std::env::var_os("CNI_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| DEFAULT_CACHE_DIR.into()),

@@ -30,24 +30,139 @@ use crate::status::{Patch, StatusWriter};
 #[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
 struct CachedNad {
     metadata: kube::api::ObjectMeta,
-    #[serde(default, deserialize_with = "or_empty")]
+    #[serde(default)]
     spec: NadSpec,
 }
 
-/// The value, or an empty one when the JSON there is not of its shape (a spec that is not an
-/// object, a config that is not a string).
-fn or_empty<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned + Default>(d: D) -> Result<T, D::Error> {
-    let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
-    Ok(serde_json::from_value(v).unwrap_or_default())
+/// The largest `spec.config` the cache keeps (the node policy's `limits.nadConfigBytes`, read
+/// when the daemon starts): a larger one is dropped while it is decoded, and a request selecting
+/// that NAD reads it from the API (and is refused for its size).
+static CONFIG_CAP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64 * 1024);
+
+/// Set the largest `spec.config` the NAD cache keeps.
+pub fn cap_nad_configs(bytes: usize) {
+    CONFIG_CAP.store(bytes, Ordering::SeqCst);
 }
 
-#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+/// `spec` of a cached NAD. A NAD is tenant-written: whatever its spec is (the CRD says an object
+/// with a string `config`; a cluster may have installed another), it never fails the decoding of
+/// the list it came in — anything else reads as no config, as `plexus_k8s::Nad::from_object`
+/// reads it — and a config larger than [`CONFIG_CAP`] is never held, not even while decoding.
+#[derive(Clone, Debug, Default, serde::Serialize)]
 struct NadSpec {
-    /// A NAD is tenant-written: whatever `config` is (the CRD says a string; a cluster may have
-    /// installed another), it never fails the decoding of the list it came in.
-    /// "" when not a string, as `plexus_k8s::Nad::from_object` reads it.
-    #[serde(default, deserialize_with = "or_empty")]
     config: String,
+    /// `config` was larger than the cap: dropped, the API has it.
+    #[serde(skip)]
+    oversized: bool,
+}
+
+impl<'de> serde::Deserialize<'de> for NadSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<NadSpec, D::Error> {
+        d.deserialize_any(SpecVisitor)
+    }
+}
+
+struct SpecVisitor;
+
+impl<'de> serde::de::Visitor<'de> for SpecVisitor {
+    type Value = NadSpec;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a NetworkAttachmentDefinition spec")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<NadSpec, A::Error> {
+        let mut spec = NadSpec::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "config" => {
+                    let config = map.next_value_seed(ConfigSeed)?;
+                    spec.oversized = config.is_none();
+                    spec.config = config.unwrap_or_default();
+                }
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(spec)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<NadSpec, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(NadSpec::default())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<NadSpec, E> {
+        Ok(NadSpec::default())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<NadSpec, E> {
+        Ok(NadSpec::default())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<NadSpec, E> {
+        Ok(NadSpec::default())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<NadSpec, E> {
+        Ok(NadSpec::default())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<NadSpec, E> {
+        Ok(NadSpec::default())
+    }
+    fn visit_unit<E>(self) -> Result<NadSpec, E> {
+        Ok(NadSpec::default())
+    }
+}
+
+/// `spec.config`: the text (empty when it is not a string), or `None` when it is longer than
+/// [`CONFIG_CAP`] — measured on the decoder's own buffer, never copied.
+struct ConfigSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for ConfigSeed {
+    type Value = Option<String>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<String>, D::Error> {
+        d.deserialize_any(ConfigVisitor)
+    }
+}
+
+struct ConfigVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ConfigVisitor {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a NetworkAttachmentDefinition's spec.config")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Option<String>, E> {
+        Ok((v.len() <= CONFIG_CAP.load(Ordering::Relaxed)).then(|| v.to_string()))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Some(String::new()))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Option<String>, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Some(String::new()))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Option<String>, E> {
+        Ok(Some(String::new()))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Option<String>, E> {
+        Ok(Some(String::new()))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Option<String>, E> {
+        Ok(Some(String::new()))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Option<String>, E> {
+        Ok(Some(String::new()))
+    }
+    fn visit_unit<E>(self) -> Result<Option<String>, E> {
+        Ok(Some(String::new()))
+    }
 }
 
 impl kube::Resource for CachedNad {
@@ -121,6 +236,9 @@ fn watched<K>(event: &watcher::Event<K>) -> Option<&'static str> {
     }
 }
 
+/// NADs per page of the NAD list: at most ~37 MiB of tenant configs decoded at once.
+const NAD_PAGE: u32 = 25;
+
 /// How often a network-status PATCH the API refused is tried again.
 const STATUS_RETRY: Duration = Duration::from_secs(2);
 
@@ -135,7 +253,10 @@ impl Caches {
         journal: &Path,
     ) -> anyhow::Result<Arc<Caches>> {
         let (nads, nad_writer) = reflector::store::<CachedNad>();
-        let nad_stream = watcher(Api::<CachedNad>::all(watch.clone()), watcher::Config::default())
+        // Pages of a few NADs: a page is decoded whole, and a NAD may be ~1.5 MiB (etcd's limit),
+        // so the largest page, not the number of NADs, bounds what a list holds at once.
+        let nad_pages = watcher::Config::default().page_size(NAD_PAGE);
+        let nad_stream = watcher(Api::<CachedNad>::all(watch.clone()), nad_pages)
             .default_backoff()
             .modify(|o: &mut CachedNad| {
                 trim(&mut o.metadata, &[RESOURCE_NAME_ANNOTATION]);
@@ -209,7 +330,7 @@ pub const SYNC_WAIT: Duration = Duration::from_secs(10);
 
 impl NadSource for Caches {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
-        match self.nads.get(&ObjectRef::new(name).within(namespace)) {
+        match self.nads.get(&ObjectRef::new(name).within(namespace)).filter(|o| !o.spec.oversized) {
             Some(obj) => Ok(Nad {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
@@ -217,7 +338,8 @@ impl NadSource for Caches {
                 config: obj.spec.config.clone(),
             }),
             None => {
-                // Created a moment ago, or not there at all: the API says which.
+                // Created a moment ago, or not there at all: the API says which. A NAD larger
+                // than the cache keeps is read from there too (and refused for its size).
                 self.metrics.api_request("get_network_attachment_definition");
                 self.api.nad(namespace, name)
             }
@@ -262,7 +384,8 @@ mod tests {
              "spec": {"config": "{\"cniVersion\":\"1.0.0\",\"type\":\"plexus-macvlan\"}"}},
             {"metadata": {"name": "number", "namespace": "ml"}, "spec": {"config": 42}},
             {"metadata": {"name": "text-spec", "namespace": "ml"}, "spec": "not an object"},
-            {"metadata": {"name": "no-spec", "namespace": "ml"}}
+            {"metadata": {"name": "no-spec", "namespace": "ml"}},
+            {"metadata": {"name": "object-config", "namespace": "ml"}, "spec": {"config": {"a": [1, {"b": null}]}, "x": 1}}
         ]});
         let decoded: kube::core::ObjectList<CachedNad> = serde_json::from_value(list).unwrap();
         let configs: Vec<(&str, &str)> =
@@ -273,10 +396,25 @@ mod tests {
                 ("rail0", "{\"cniVersion\":\"1.0.0\",\"type\":\"plexus-macvlan\"}"),
                 ("number", ""),
                 ("text-spec", ""),
-                ("no-spec", "")
+                ("no-spec", ""),
+                ("object-config", "")
             ]
         );
+        assert!(decoded.items.iter().all(|n| !n.spec.oversized));
         let rail0 = &decoded.items[0];
         assert_eq!(rail0.metadata.annotations.as_ref().unwrap()[RESOURCE_NAME_ANNOTATION], "nvidia.com/rdma");
+    }
+
+    #[test]
+    fn a_config_larger_than_the_cap_is_dropped_while_it_is_decoded() {
+        let big = format!("{{\"type\":\"macvlan\",\"pad\":\"{}\"}}", "x".repeat(70 * 1024));
+        let list = serde_json::json!({"metadata": {}, "items": [
+            {"metadata": {"name": "big", "namespace": "ml"}, "spec": {"config": big}},
+            {"metadata": {"name": "small", "namespace": "ml"}, "spec": {"config": "{}"}}
+        ]});
+        let decoded: kube::core::ObjectList<CachedNad> = serde_json::from_value(list).unwrap();
+        let (big, small) = (&decoded.items[0].spec, &decoded.items[1].spec);
+        assert!(big.oversized && big.config.is_empty(), "64 KiB by default");
+        assert!(!small.oversized && small.config == "{}");
     }
 }

@@ -82,12 +82,27 @@ static IN_PROCESS: [Builtin; 3] = [
     Builtin { about: plexus_ipam_plugin::ABOUT, plugin: &plexus_ipam_plugin::Ipam },
 ];
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    // Exec'd as a CNI plugin (a network naming it as its "type"): never bind the node daemon's
+    // socket or port on a request's behalf.
+    if let Some(refused) = plexus_cni::plugin::refuse_as_delegate("plexus-daemon") {
+        return refused;
+    }
+    match daemon() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn daemon() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_max_level(plexus_cni::logging::level(&args.log_level))
         .with_ansi(false)
-        .with_writer(std::io::stderr)
+        .with_writer(|| plexus_cni::logging::Escaping(std::io::stderr()))
         .init();
     plexus_cni::delegate::delegates_die_with_parent();
     if args.in_process_delegates {
@@ -107,8 +122,14 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    // The node policy's bound on NADs holds in the cache too (each request is still checked
+    // against its own policy).
+    match plexus_cni::Policy::load(|k| std::env::var(k).ok()) {
+        Ok(policy) => cluster::cap_nad_configs(policy.limits.nad_config_bytes),
+        Err(e) => tracing::warn!("node policy: {e}: the NAD cache keeps configs of the default size"),
+    }
     let metrics = Arc::new(metrics::Metrics::new());
-    plexus::set_observer(Box::new(metrics::Delegates(metrics.clone())));
+    plexus::set_observer(Box::new(metrics::Delegates::new(metrics.clone())));
     let timeout = Duration::from_secs_f64(args.api_timeout.max(0.1));
     let caches = match plexus_k8s::api::kube_config(args.kubeconfig.as_deref(), timeout).await? {
         Some(config) => {

@@ -30,6 +30,7 @@ pub struct Metrics {
     delegates: Family<Labels, Histogram, fn() -> Histogram>,
     api: Family<Labels, Counter>,
     refused: Counter,
+    overrun: Counter,
     in_flight: Gauge<i64, std::sync::atomic::AtomicI64>,
     cached: Family<Labels, Gauge<u64, AtomicU64>>,
     watch_events: Family<Labels, Counter>,
@@ -46,6 +47,7 @@ impl Metrics {
         let errors = Family::<Labels, Counter>::default();
         let api = Family::<Labels, Counter>::default();
         let refused = Counter::default();
+        let overrun = Counter::default();
         let in_flight = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
         let cached = Family::<Labels, Gauge<u64, AtomicU64>>::default();
         let watch_events = Family::<Labels, Counter>::default();
@@ -58,6 +60,11 @@ impl Metrics {
         );
         registry.register("api_requests", "Kubernetes API requests, by what they asked", api.clone());
         registry.register("requests_refused", "Requests not taken because the queue was full", refused.clone());
+        registry.register(
+            "requests_overrun",
+            "Requests still running at their deadline: answered with code 11, their slot given back",
+            overrun.clone(),
+        );
         registry.register("requests_in_flight", "Requests taken and not yet answered", in_flight.clone());
         registry.register("cached_objects", "Objects in the watch caches, by kind", cached.clone());
         registry.register(
@@ -71,13 +78,31 @@ impl Metrics {
             "Pods whose network-status is journaled and not yet written",
             status_pending.clone(),
         );
-        Metrics { registry, requests, errors, delegates, api, refused, in_flight, cached, watch_events, status_pending }
+        Metrics {
+            registry,
+            requests,
+            errors,
+            delegates,
+            api,
+            refused,
+            overrun,
+            in_flight,
+            cached,
+            watch_events,
+            status_pending,
+        }
     }
 
     pub fn request(&self, command: &str, took: Duration, code: Option<u32>) {
-        self.requests.get_or_create(&vec![("command", command.to_string())]).observe(took.as_secs_f64());
+        // Labels from a closed set: the CNI verbs, and codes the spec's range holds.
+        let command = match Command::parse(command) {
+            Ok(c) => c.to_string(),
+            Err(_) => "(other)".to_string(),
+        };
+        self.requests.get_or_create(&vec![("command", command.clone())]).observe(took.as_secs_f64());
         if let Some(code) = code {
-            self.errors.get_or_create(&vec![("command", command.to_string()), ("code", code.to_string())]).inc();
+            let code = if code <= 999 { code.to_string() } else { "(other)".into() };
+            self.errors.get_or_create(&vec![("command", command), ("code", code)]).inc();
         }
     }
 
@@ -91,6 +116,10 @@ impl Metrics {
 
     pub fn refused(&self) {
         self.refused.inc();
+    }
+
+    pub fn overrun(&self) {
+        self.overrun.inc();
     }
 
     pub fn in_flight(&self, delta: i64) {
@@ -110,17 +139,46 @@ impl Metrics {
     }
 }
 
-/// The observer the meta-plugin tells of every delegate call.
-pub struct Delegates(pub std::sync::Arc<Metrics>);
+/// The most networks the delegate histograms keep a series for; later ones are counted under
+/// [`OTHER_NETWORKS`]. Network names are NADs' (tenants make as many as they like), and a
+/// series, once made, lasts as long as the daemon.
+pub const MAX_NETWORK_LABELS: usize = 512;
+
+/// The network label of calls past [`MAX_NETWORK_LABELS`].
+pub const OTHER_NETWORKS: &str = "(other)";
+
+/// The observer the meta-plugin tells of every delegate call. Its labels are bounded: delegate
+/// types only as installed plugins (the meta-plugin says `(not installed)` for the rest),
+/// networks up to [`MAX_NETWORK_LABELS`].
+pub struct Delegates {
+    metrics: std::sync::Arc<Metrics>,
+    networks: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Delegates {
+    pub fn new(metrics: std::sync::Arc<Metrics>) -> Delegates {
+        Delegates { metrics, networks: Default::default() }
+    }
+
+    /// `network` as a label: itself while there is room (or it has one already), else
+    /// [`OTHER_NETWORKS`].
+    fn network_label(&self, network: &str) -> String {
+        let mut known = self.networks.lock().unwrap_or_else(|p| p.into_inner());
+        if known.contains(network) || (known.len() < MAX_NETWORK_LABELS && known.insert(network.to_string())) {
+            return network.to_string();
+        }
+        OTHER_NETWORKS.to_string()
+    }
+}
 
 impl plexus::Observer for Delegates {
     fn delegate(&self, command: Command, network: &str, delegate_type: &str, took: Duration, code: Option<u32>) {
         let labels = vec![
             ("command", command.to_string()),
-            ("network", network.to_string()),
+            ("network", self.network_label(network)),
             ("type", delegate_type.to_string()),
         ];
-        self.0.delegates.get_or_create(&labels).observe(took.as_secs_f64());
+        self.metrics.delegates.get_or_create(&labels).observe(took.as_secs_f64());
         let _ = code; // the request's errors are counted by code once, for the request
     }
 }

@@ -2,6 +2,7 @@
 //! `max_concurrent` requests running and `max_queued` more waiting, every request run by the
 //! meta-plugin's own entry point on a thread of its own (as the `plexus` binary would run it).
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -60,9 +61,9 @@ impl Daemon {
 }
 
 /// One pending request: counted from the moment it is taken until it is answered.
-struct Pending<'a>(&'a Daemon);
+struct Pending(Arc<Daemon>);
 
-impl Drop for Pending<'_> {
+impl Drop for Pending {
     fn drop(&mut self) {
         self.0.metrics.in_flight(-1);
         if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
@@ -184,7 +185,7 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         return not_taken(stream.get_mut(), &why).await;
     }
     daemon.metrics.in_flight(1);
-    let _pending = Pending(&daemon);
+    let pending = Pending(daemon.clone());
     // Taken; run only once the shim says it waits for the answer (a shim past its deadline runs
     // the request itself and sends nothing).
     let mut go = [0u8; 1];
@@ -197,15 +198,40 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         _ => return tracing::warn!("the shim did not confirm the request: not run"),
     }
     let command = request.env.get("CNI_COMMAND").cloned().unwrap_or_default();
-    let Ok(permit) = daemon.running.acquire().await else { return };
+    // The request's deadline, fixed now and handed to the request in its environment: whatever
+    // it does, its slot is given back and the shim answered by then (and a moment).
+    let mut request = request;
+    let deadline = wire::deadline(|k| request.env.get(k).cloned());
+    request.env.insert(plexus_cni::deadline::DEADLINE_ENV.into(), deadline.to_env());
+    let Ok(permit) = daemon.running.clone().acquire_owned().await else { return };
     let started = Instant::now();
+    let slot = Arc::new(Slot { held: std::sync::Mutex::new(Some((permit, pending))) });
+    let watchdog = match stream.get_ref().as_fd().try_clone_to_owned() {
+        Ok(fd) => {
+            let (slot, daemon, command) = (slot.clone(), daemon.clone(), command.clone());
+            let at = tokio::time::Instant::from_std(deadline.instant() + wire::OVERRUN_GRACE);
+            Some(tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                slot.overrun(&daemon, &command, deadline, started, std::os::unix::net::UnixStream::from(fd));
+            }))
+        }
+        Err(e) => {
+            tracing::warn!("no watchdog for this request (duplicating its socket: {e})");
+            None
+        }
+    };
     // On this worker's thread, which hands its other tasks to another thread meanwhile: the
     // request runs where its connection was read, with no hand-over to a thread of the blocking
     // pool and back (each a wake-up on the way of every request). Exec'd delegates die with the
     // thread that started them, and this thread only ends once idle, every delegate it started
     // waited for.
     let response = tokio::task::block_in_place(|| run(&daemon.meta, &request));
-    drop(permit);
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    // Answered by the watchdog already (the request overran): nothing more to say.
+    let Some(held) = slot.take() else { return };
+    drop(held);
     let code = (response.exit != 0).then(|| error_code(&response.stdout));
     daemon.metrics.request(&command, started.elapsed(), code);
     let body = serde_json::to_vec(&response).expect("json");
@@ -214,6 +240,47 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         tracing::warn!("the shim went away before its answer: {e}");
     }
     let _ = stream.shutdown().await;
+}
+
+/// A running request's slot (its permit to run and its place among the pending): given back by
+/// whichever comes first, the request's end or its watchdog.
+struct Slot {
+    held: std::sync::Mutex<Option<(tokio::sync::OwnedSemaphorePermit, Pending)>>,
+}
+
+impl Slot {
+    fn take(&self) -> Option<(tokio::sync::OwnedSemaphorePermit, Pending)> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The request is past its deadline and still running: the shim gets code 11 on `answer` (a
+    /// copy of the connection), the slot goes back, and no delegate runs in-process any more —
+    /// the request's thread cannot be stopped, a delegate process can.
+    fn overrun(
+        &self,
+        daemon: &Daemon,
+        command: &str,
+        deadline: plexus_cni::Deadline,
+        started: Instant,
+        mut answer: std::os::unix::net::UnixStream,
+    ) {
+        use std::io::Write;
+        let Some(held) = self.take() else { return };
+        daemon.metrics.overrun();
+        let e = deadline.expired(format!("plexus-daemon: the {command} still runs"));
+        tracing::error!(took = ?started.elapsed(), "{e}: answered, its slot given back");
+        plexus_cni::builtin::give_up("a request of plexus-daemon overran its deadline");
+        let response = wire::Response {
+            exit: 1,
+            stdout: serde_json::to_string(&e.to_json(plexus_cni::SpecVersion::LATEST)).expect("json"),
+        };
+        daemon.metrics.request(command, started.elapsed(), Some(e.code));
+        let _ = answer.set_nonblocking(false);
+        let _ = answer.set_write_timeout(Some(PEER_DEADLINE));
+        let _ = answer.write_all(&serde_json::to_vec(&response).expect("json"));
+        let _ = answer.shutdown(std::net::Shutdown::Both);
+        drop(held);
+    }
 }
 
 /// One request, through the meta-plugin's entry point with the shim's environment and stdin.

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use plexus_cni::files::SafeDir;
+use plexus_cni::datadir::DataDir;
 use plexus_cni::{Error, Request};
 use plexus_net::link::{format_mac, parse_mac};
 use plexus_net::sysfs::Sysfs;
@@ -77,9 +77,12 @@ impl HostDeviceConf {
         Ok(conf)
     }
 
-    /// The state directory, opened beneath the policy's `dataRoots` without following symlinks.
-    pub fn data_dir(&self, req: &Request) -> Result<SafeDir, Error> {
-        req.policy.data_dir("dataDir", &self.data_dir)
+    /// The state directory by the node policy's rule for data directories (the default, or a
+    /// tenant's marked directory in a data root), opened without following symlinks; created
+    /// when `create`, else `None` when it is not there.
+    pub fn data_dir(&self, req: &Request, create: bool) -> Result<Option<DataDir>, Error> {
+        let kind = plexus_cni::datadir::Kind::HostDeviceState;
+        req.policy.data_dir("dataDir", &self.data_dir, kind, req.pod_namespace(), create, req.env.deadline)
     }
 
     /// The device ID from the runtime (capability `deviceID`) or Multus's top-level key.

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use conf::{HostDeviceConf, Selected};
+use plexus_cni::datadir::DataDir;
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::policy::Allowed;
 use plexus_cni::undo::Undo;
@@ -108,13 +109,17 @@ impl Plugin for HostDevice {
         let conf = HostDeviceConf::load(req)?;
         // A state directory the policy refuses never held anything (ADD refused it too): the
         // device is found by its marker alone, and DEL still succeeds.
-        let data_dir = conf.data_dir(req).inspect_err(|e| tracing::warn!("state directory refused: {e}")).ok();
+        let data_dir =
+            conf.data_dir(req, false).inspect_err(|e| tracing::warn!("state directory refused: {e}")).ok().flatten();
         del_with_ipam(req, || {
             remove_device_info(req)?;
-            let state_path = data_dir.as_ref().map(|d| state::path(d, &req.env.container_id, &req.env.ifname));
+            let state_path = data_dir.as_ref().map(|d| state::path(d.dir(), &req.env.container_id, &req.env.ifname));
             let host = state_path.as_deref().and_then(state::load);
             restore(req.netns(), &req.env.container_id, &req.env.ifname, host.as_ref())?;
-            state_path.map_or(Ok(()), |p| files::remove_if_present(&p))
+            state_path.map_or(Ok(()), |p| files::remove_if_present(&p))?;
+            // A tenant's state directory goes with its last state file.
+            data_dir.as_ref().map(DataDir::retire_if_empty);
+            Ok(())
         })
     }
 
@@ -146,8 +151,9 @@ impl Plugin for HostDevice {
         let conf = HostDeviceConf::load(req)?;
         let valid = req.valid_attachments()?;
         let mut errors = Vec::new();
-        let data_dir = conf.data_dir(req)?;
-        for entry in std::fs::read_dir(data_dir.path()).into_iter().flatten().flatten() {
+        let data_dir = conf.data_dir(req, false)?;
+        let entries = data_dir.as_ref().map(|d| std::fs::read_dir(d.dir().path()));
+        for entry in entries.into_iter().flatten().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Some((cid, ifname)) = name.split_once('=') else { continue };
             if valid.iter().any(|v| v.container_id == cid && v.ifname == ifname) {
@@ -162,6 +168,7 @@ impl Plugin for HostDevice {
                 Err(e) => errors.push(format!("{cid}/{ifname}: {e}")),
             }
         }
+        data_dir.as_ref().map(DataDir::retire_if_empty);
         forward_to_ipam(req, Command::Gc)?;
         if errors.is_empty() {
             Ok(())
@@ -234,12 +241,12 @@ impl<K: Kernel> Add<'_, K> {
     async fn run(&self, link: &Link) -> Result<CniResult, Error> {
         let hw = self.sysfs.netdev_hardware(&link.name);
         allowed(self.req, &link.name, hw.pci_address.as_deref(), Some(&link.name))?;
-        let data_dir = self.conf.data_dir(self.req)?;
+        let data_dir = self.conf.data_dir(self.req, true)?.expect("created");
         let ifname = self.req.env.ifname.as_str();
         let tag = state::attachment_tag(&self.req.env.container_id, ifname);
         let mut host = HostState::capture(self.node_sock, link, hw.pci_address.clone(), &tag).await?;
         host.netns = Some(self.pod.path().to_path_buf());
-        let state_path = state::path(&data_dir, &self.req.env.container_id, ifname);
+        let state_path = state::path(data_dir.dir(), &self.req.env.container_id, ifname);
         let mut undo = Undo::new();
         let mut ipam = IpamStep::None;
         match self.steps(link, &hw, &state_path, &mut host, &mut ipam, &mut undo).await {
@@ -262,7 +269,11 @@ impl<K: Kernel> Add<'_, K> {
                     },
                     Step::Rdma(dev) => rdma::move_back(self.pod, self.node, &dev),
                 })
-                .await),
+                .await)
+            .inspect_err(|_| {
+                // A failed ADD leaves no state directory it made.
+                data_dir.retire_if_empty();
+            }),
         }
     }
 

@@ -84,10 +84,14 @@ impl Rig {
         })
     }
 
+    /// The state files (the directory's mark left out: a failed ADD removes the directory).
     fn state_files(&self) -> Vec<String> {
         std::fs::read_dir(self.dir.path().join("state"))
-            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>())
             .unwrap_or_default()
+            .into_iter()
+            .filter(|n: &String| n != plexus_cni::datadir::MARK)
+            .collect()
     }
 
     fn namespace(&self, name: &str) -> FakeNamespace {

@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use plexus_cni::{About, CniResult, Error, Plugin, Request, code};
-use plexus_ipam::store::open as open_store;
+use plexus_ipam::store::{Context, open as open_store, open_for_release as open_existing};
 use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
 use serde_json::Value;
 
@@ -100,8 +100,9 @@ impl Plugin for Ipam {
 
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
+        cfg.check_ranges_allowed(&req.policy, req.pod_namespace())?;
         let wanted = per_range(&cfg.ranges, &requested(req)?)?;
-        let store = open_store(&cfg)?;
+        let store = open_store(&cfg, &Context::of(req))?;
         let ips = store.allocate(&AllocRequest {
             owner: owner(req, &cfg),
             ranges: &cfg.ranges,
@@ -121,7 +122,7 @@ impl Plugin for Ipam {
             }
             other => other?,
         };
-        let Some(store) = plexus_ipam::store::open_for_release(&cfg)? else {
+        let Some(store) = open_existing(&cfg, &Context::of(req))? else {
             tracing::debug!("no store yet: nothing to release");
             return Ok(());
         };
@@ -133,7 +134,11 @@ impl Plugin for Ipam {
     fn check(&self, req: &Request) -> Result<(), Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let prev = req.config.prev_result_for_check()?;
-        let held = open_store(&cfg)?.holdings(&req.env.container_id, &req.env.ifname)?;
+        // Reading makes nothing: a store that is not there holds nothing.
+        let held = match open_existing(&cfg, &Context::of(req))? {
+            Some(store) => store.holdings(&req.env.container_id, &req.env.ifname)?,
+            None => Vec::new(),
+        };
         if held.is_empty() {
             return Err(Error::new(
                 code::CHECK_FAILED,
@@ -151,7 +156,8 @@ impl Plugin for Ipam {
     fn status(&self, req: &Request) -> Result<(), Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let unavailable = |e: IpamError| Error::new(code::PLUGIN_NOT_AVAILABLE, e.to_string());
-        let all = open_store(&cfg).and_then(|s| s.list()).map_err(unavailable)?;
+        let listed = open_existing(&cfg, &Context::of(req)).and_then(|s| s.map_or(Ok(Vec::new()), |s| s.list()));
+        let all = listed.map_err(unavailable)?;
         for range in &cfg.ranges {
             let key = range.key();
             let used = all.iter().filter(|a| a.range == key || range.offset_of(a.ip).is_some()).count() as u128;
@@ -166,7 +172,7 @@ impl Plugin for Ipam {
     fn gc(&self, req: &Request) -> Result<(), Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let valid = req.valid_attachments()?;
-        let store = open_store(&cfg)?;
+        let Some(store) = open_existing(&cfg, &Context::of(req))? else { return Ok(()) };
         let mut failures = Vec::new();
         let mut stale = Vec::new();
         for a in store.list()? {

@@ -1,6 +1,7 @@
 //! The plexus-macvlan configuration: the reference macvlan's keys plus `multiRail`,
 //! `routeTable`, `dad` and `roceGidWaitMs`.
 
+use plexus_cni::policy::Allowed;
 use plexus_cni::{Error, Request};
 use plexus_net::configure::IfaceKeys;
 use plexus_net::link::parse_mac;
@@ -46,6 +47,50 @@ impl MacvlanConf {
             other => Err(Error::invalid_config(format!("unknown macvlan mode: {other}"))
                 .with_details("\"mode\" must be one of bridge, private, vepa, passthru")),
         }
+    }
+
+    /// What the node policy says of the keys that reach beyond the pod, on a node parent (one in
+    /// the pod's own namespace, `linkInContainer`, is the pod's alone): a mode that takes the
+    /// parent over only where `allow.macvlanModes` names it for the pod's namespace, and a
+    /// broadcast queue (the parent's, shared by every macvlan on it) no longer than
+    /// `limits.bcQueueLen`. Both before anything is opened (code 7).
+    pub fn check_policy(&self, req: &Request) -> Result<(), Error> {
+        if self.link_in_container {
+            return Ok(());
+        }
+        let mode = self.mode()?;
+        req.policy.check_allowed(Allowed::MacvlanMode, "mode", mode.as_str(), req.pod_namespace())?;
+        let most = req.policy.limits.bc_queue_len;
+        if let Some(len) = self.bcqueuelen.filter(|len| *len > most) {
+            return Err(Error::invalid_config(format!(
+                "bcqueuelen {len} is more than the node policy allows ({most})"
+            ))
+            .with_details(format!(
+                "the broadcast queue is the parent's, shared by every macvlan on it: limits.bcQueueLen (policy: {})",
+                req.policy.source
+            )));
+        }
+        Ok(())
+    }
+
+    /// The master a config left unset, the node's default-route interface: a tenant's parent only
+    /// where the policy's `allow.parents` names it (for the pod's namespace, else node-wide), so
+    /// a NAD without `master` never lands on the node's uplink by default.
+    pub fn check_implicit_master(&self, req: &Request, master: &Link) -> Result<(), Error> {
+        if self.link_in_container || self.master.as_deref().is_some_and(|m| !m.is_empty()) {
+            return Ok(());
+        }
+        if req.policy.names(Allowed::Parent, &master.name, req.pod_namespace()) {
+            return Ok(());
+        }
+        Err(Error::invalid_config(format!(
+            "\"master\" is not set, and the node's default-route interface {:?} is not a parent the node policy names",
+            master.name
+        ))
+        .with_details(format!(
+            "set \"master\" to a RoCE port, or (admin) name {:?} in allow.parents (policy: {})",
+            master.name, req.policy.source
+        )))
     }
 
     /// The MAC to set: config < `CNI_ARGS` `MAC=` < `runtimeConfig.mac` (reference precedence).

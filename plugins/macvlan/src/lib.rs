@@ -46,7 +46,8 @@ impl Plugin for Macvlan {
 
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let conf = MacvlanConf::load(req)?;
-        conf.mode()?; // a bad mode fails before anything is opened
+        // A bad or disallowed mode fails before anything is opened.
+        conf.check_policy(req)?;
         let mac = conf.mac(req)?;
         let device_info = device_info_file(req)?;
         let wait = roce::configured_wait(conf.roce_gid_wait_ms)?;
@@ -66,6 +67,7 @@ impl Plugin for Macvlan {
             if !conf.link_in_container {
                 // The pod's own links are its own; a node parent is the admin's to allow.
                 req.policy.check_allowed(Allowed::Parent, "master", &master.name, req.pod_namespace())?;
+                conf.check_implicit_master(req, &master)?;
             }
             let spec = conf.new_macvlan(&master, mac, &pod)?;
             let add = Add {

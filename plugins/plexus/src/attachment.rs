@@ -97,11 +97,16 @@ impl Attachment {
     }
 
     /// Refuse a network whose plugins include a meta-plugin — by type, or because the type
-    /// resolves in `cni_path` to this very binary — before anything runs (code 7).
-    pub fn refuse_meta_plugin(&self, cni_path: &[PathBuf]) -> Result<(), Error> {
+    /// resolves in `cni_path` to this very binary — or, as a plugin or its IPAM, one of plexus's
+    /// binaries that are not plugins, before anything runs (code 7).
+    pub fn refuse_forbidden_plugins(&self, cni_path: &[PathBuf]) -> Result<(), Error> {
         let me = Path::new("/proc/self/exe");
         for plugin in self.list()?.plugins {
             let t = plugin.get("type").and_then(Value::as_str).unwrap_or_default();
+            let ipam = plugin.get("ipam").and_then(|i| i.get("type")).and_then(Value::as_str).unwrap_or_default();
+            for named in [t, ipam] {
+                plexus_cni::delegate::refuse_not_plugin(named).map_err(|e| self.named(e))?;
+            }
             let is_me = || plexus_cni::delegate::find_plugin(t, cni_path).is_ok_and(|p| same_file(&p, me));
             if crate::conf::META_PLUGIN_TYPES.contains(&t) || is_me() {
                 return Err(Error::invalid_config(format!(

@@ -111,12 +111,33 @@ pub fn set_observer(observer: Box<dyn Observer>) {
     let _ = OBSERVER.set(observer);
 }
 
+/// The delegate type an observer is told: the attachment's first plugin when it is a plugin
+/// installed where delegates are found (the admin's `binDir` and `CNI_PATH`), else
+/// [`UNKNOWN_TYPE`] — a NAD's `type` is any string a tenant writes, and a metric label per string
+/// would grow without bound.
+fn observed_type(a: &Attachment, base: &CniEnv) -> String {
+    let t = a.delegate_type();
+    match plexus_cni::delegate::find_plugin(&t, &base.path) {
+        Ok(_) => t,
+        Err(_) => UNKNOWN_TYPE.into(),
+    }
+}
+
+/// The delegate type observers are told for a type that names no installed plugin.
+pub const UNKNOWN_TYPE: &str = "(not installed)";
+
 /// Run one delegate verb, telling the observer how long it took and how it ended.
-fn observed<T>(command: Command, a: &Attachment, call: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+fn observed<T>(
+    command: Command,
+    a: &Attachment,
+    base: &CniEnv,
+    call: impl FnOnce() -> Result<T, Error>,
+) -> Result<T, Error> {
     let Some(obs) = OBSERVER.get() else { return call() };
     let start = Instant::now();
     let out = call();
-    obs.delegate(command, &a.network, &a.delegate_type(), start.elapsed(), out.as_ref().err().map(|e| e.code));
+    let code = out.as_ref().err().map(|e| e.code);
+    obs.delegate(command, &a.network, &observed_type(a, base), start.elapsed(), code);
     out
 }
 
@@ -204,7 +225,8 @@ fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
     env
 }
 
-/// The pod's attachments; a network that would run a meta-plugin is refused before any runs.
+/// The pod's attachments; a network that would run a meta-plugin or one of plexus's binaries that
+/// are not plugins is refused before any runs.
 fn attachments_for(
     req: &Request,
     conf: &MetaConf,
@@ -214,17 +236,17 @@ fn attachments_for(
 ) -> Result<Vec<Attachment>, Error> {
     let attachments = plan::plan(req, conf, pod, cluster, cluster.selection(conf, pod)?)?;
     for a in &attachments {
-        a.refuse_meta_plugin(&base.path)?;
+        a.refuse_forbidden_plugins(&base.path)?;
     }
     Ok(attachments)
 }
 
-/// Attachments a cache recorded, less any that would run a meta-plugin (a cache written before
-/// plexus refused them): those are logged and left alone, never run.
+/// Attachments a cache recorded, less any that would run a meta-plugin or a binary that is not a
+/// plugin (a cache written before plexus refused them): those are logged and left alone, never run.
 fn runnable(attachments: Vec<Attachment>, base: &CniEnv) -> Vec<Attachment> {
     attachments
         .into_iter()
-        .filter(|a| match a.refuse_meta_plugin(&base.path) {
+        .filter(|a| match a.refuse_forbidden_plugins(&base.path) {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!("not run: {e}");
@@ -333,7 +355,7 @@ fn teardown_group(attachments: &[Attachment], group: &[usize], base: &CniEnv, po
 /// DEL one attachment; its device-info file goes too (only in the policy's device-info
 /// directory), whatever the delegate answered.
 fn teardown(a: &Attachment, base: &CniEnv, policy: &Policy) -> Result<(), Error> {
-    let deleted = observed(Command::Del, a, || a.del(base));
+    let deleted = observed(Command::Del, a, base, || a.del(base));
     if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
         let _ = files::remove_if_present(f);
     }
@@ -447,7 +469,7 @@ impl Plugin for Meta {
                 // A device-info file that cannot be placed or a result the cache cannot record is a
                 // failed ADD too.
                 copy_device_info(a)
-                    .and_then(|()| observed(Command::Add, a, || a.add(&base)))
+                    .and_then(|()| observed(Command::Add, a, &base, || a.add(&base)))
                     .and_then(|(result, raw)| {
                         let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                         cache::record_result(&cache_path, i, &raw).map(|()| (result, raw))
@@ -556,7 +578,7 @@ impl Plugin for Meta {
             })?;
         // Every attachment, not only the cluster network (Multus checks only static delegates).
         for a in &runnable(state.attachments, &base) {
-            observed(Command::Check, a, || a.check(&base))?;
+            observed(Command::Check, a, &base, || a.check(&base))?;
         }
         Ok(())
     }

@@ -208,6 +208,8 @@ pub fn plan(
     nads: &dyn NadSource,
     selection: SelectionSource<'_>,
 ) -> Result<Vec<Attachment>, Error> {
+    // A NAD is tenant-written: no larger than the policy allows, wherever it is read from.
+    let nads = &nad::SizeCapped { source: nads, max: req.policy.limits.nad_config_bytes };
     let runtime_caps = req.config.runtime_config.clone().unwrap_or_default();
     let mut out: Vec<Attachment> = Vec::new();
     let push = |out: &mut Vec<Attachment>,

@@ -132,8 +132,12 @@ pub fn forward(socket: &Path, stdin: &[u8]) -> Forwarded {
                 // Not confirmed: the daemon does not run it.
                 return Forwarded::RunHere(format!("{at} took the request, then: {e}"));
             }
+            // The daemon answers by the request's deadline (and a moment): a daemon that does not
+            // (stopped, wedged) is given up a moment later.
+            let deadline = wire::deadline(|k| std::env::var(k).ok());
+            let wait = deadline.remaining() + 2 * wire::OVERRUN_GRACE;
             let mut answer = Vec::new();
-            let read = stream.set_read_timeout(None).and_then(|()| stream.read_to_end(&mut answer));
+            let read = stream.set_read_timeout(Some(wait)).and_then(|()| stream.read_to_end(&mut answer));
             match read.map_err(|e| e.to_string()).and_then(|_| {
                 serde_json::from_slice::<wire::Response>(&answer).map_err(|e| format!("unreadable answer: {e}"))
             }) {

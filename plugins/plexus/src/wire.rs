@@ -8,7 +8,9 @@
 //! 3. The shim answers [`GO`] if it got [`TAKEN`] within its deadline; past the deadline it runs
 //!    the request itself and sends nothing, and the daemon, without [`GO`], does not run it: a
 //!    request is never run by both.
-//! 4. The daemon writes a [`Response`] (one JSON document) when it is done, and closes.
+//! 4. The daemon writes a [`Response`] (one JSON document) when it is done, and closes — at the
+//!    latest [`OVERRUN_GRACE`] after the request's deadline ([`plexus_cni::deadline`]): a request
+//!    still running then is answered with code 11 and its slot given back.
 
 use std::collections::BTreeMap;
 
@@ -42,8 +44,19 @@ pub struct Response {
     pub stdout: String,
 }
 
-/// The variables a request carries: what the runtime sets for a plugin, and the node policy's
-/// path.
+/// How long after a request's deadline the daemon answers for it, whatever the request does.
+pub const OVERRUN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The variables a request carries: what the runtime sets for a plugin, the node policy's path,
+/// and a deadline the runtime's environment already had.
 pub fn forwarded(key: &str) -> bool {
-    key.starts_with("CNI_") || key == plexus_cni::paths::POLICY_ENV
+    key.starts_with("CNI_") || key == plexus_cni::paths::POLICY_ENV || key == plexus_cni::deadline::DEADLINE_ENV
+}
+
+/// The deadline of a request with the environment `env`: the node policy's request timeout from
+/// now, or sooner if the environment says so. A policy that cannot be read leaves the default
+/// (the request itself then fails on it).
+pub fn deadline(env: impl Fn(&str) -> Option<String>) -> plexus_cni::Deadline {
+    let limits = plexus_cni::Policy::load(&env).map(|p| p.limits).unwrap_or_default();
+    plexus_cni::Deadline::from_env(env, limits.request_timeout())
 }

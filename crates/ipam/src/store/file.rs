@@ -1,6 +1,7 @@
 //! The node-local file store (default): one directory per allocation domain under `dataDir`.
 //!
 //! ```text
+//! <dataDir>/.plexus-data                   the mark of a tenant's directory (plexus_cni::datadir)
 //! <dataDir>/<domain>/lock                  flock held for every operation
 //! <dataDir>/<domain>/ips/<key>             one file per allocated address: the reservation
 //! <dataDir>/<domain>/attachments/<cid>=<ifname>   the attachment's record: what it holds
@@ -9,8 +10,10 @@
 //! <dataDir>/<domain>/tmp/                  temp files; their leftovers swept under the lock
 //! ```
 //!
-//! `dataDir` is opened beneath its allowed root without following symlinks, and so is every
-//! directory above; each is then used through its open descriptor. Temp files are created
+//! `dataDir` is the admin's (the default, a store profile's) or a tenant's data directory, which
+//! is a marked direct child of a data root ([`plexus_cni::datadir`]); it is opened beneath its
+//! root without following symlinks, and so is every directory below. A domain's directories are
+//! opened once its lock is held, and used through their descriptors. Temp files are created
 //! `O_EXCL|O_NOFOLLOW`, the sweep removes only plexus's own temp names, and every file is
 //! replaced by rename: nothing is ever written, read or removed through a planted symlink.
 //!
@@ -19,13 +22,26 @@
 //! and a record's address whose file is missing is re-reserved or replaced by the next ADD of the
 //! same attachment (no duplicate: an address is held only through its file, created with
 //! `link(2)`, which fails when it exists). Per-operation cost does not grow with the pool.
+//!
+//! Nothing a config made outlives its attachments: a DEL, GC or failed ADD that leaves a domain
+//! (a `network_name`) without records removes the domain (its cursor goes with it: next-fit then
+//! starts over), and a tenant's directory without domains goes too. The admin's store keeps its
+//! default domain, which no tenant chose, and so its cursor. A request waiting for a domain's lock while it
+//! was removed finds its lock file unlinked and opens the domain anew. The lock is waited for at
+//! most until the request's deadline (code 11).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{ErrorKind, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{Mode, fstat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
+use plexus_cni::Deadline;
+use plexus_cni::datadir::DataDir;
 use plexus_cni::files::{self, SafeDir};
 
 use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store, key_safe};
@@ -33,14 +49,31 @@ use crate::error::IpamError;
 use crate::range::IpRange;
 use plexus_cni::env::attachment_key;
 
+/// How many times a request opens a domain that was removed under it before it gives up.
+const DOMAIN_ATTEMPTS: usize = 8;
+
 #[derive(Debug)]
 pub struct FileStore {
+    data: DataDir,
+    domain: String,
+    deadline: Deadline,
+    /// The tenant's directory was removed by this store (it held nothing more).
+    retired: AtomicBool,
+}
+
+/// One allocation domain, locked by this request: its directories opened once the lock was
+/// held. The lock goes with [`Domain::unlock`] (or the drop); the directories stay usable for
+/// making the operation durable.
+#[derive(Debug)]
+struct Domain {
     dir: SafeDir,
     ips: SafeDir,
     attachments: SafeDir,
     pods: SafeDir,
     cursors: SafeDir,
     tmp: SafeDir,
+    lock: Option<File>,
+    deadline: Deadline,
 }
 
 /// A name safe as one path component (container IDs and ifnames are validated by the entry
@@ -49,41 +82,139 @@ fn component_ok(s: &str) -> bool {
     !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\0']) && s.len() <= 253
 }
 
+/// The subdirectories of a domain.
+const SUBDIRS: [&str; 5] = ["ips", "attachments", "pods", "cursors", "tmp"];
+
 impl FileStore {
-    /// The store of `domain` in `data_dir`, which lies beneath `root` (the policy's data root):
-    /// opened without following symlinks, created 0700 where missing.
-    pub fn open(data_dir: &Path, root: &Path, domain: &str) -> Result<FileStore, IpamError> {
-        let opened = |e: std::io::Error| IpamError::Store(format!("open store: {e}"));
-        FileStore::open_dirs(data_dir, root, domain, true).map_err(opened)
-    }
-
-    /// The store if it exists, without creating anything (DEL on a store that was never written,
-    /// also on a read-only file system): `None` when it does not exist.
-    pub fn open_existing(data_dir: &Path, root: &Path, domain: &str) -> Result<Option<FileStore>, IpamError> {
-        match FileStore::open_dirs(data_dir, root, domain, false) {
-            Ok(store) => Ok(Some(store)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(IpamError::Store(format!("open store: {e}"))),
-        }
-    }
-
-    fn open_dirs(data_dir: &Path, root: &Path, domain: &str, create: bool) -> std::io::Result<FileStore> {
+    /// The store of `domain` in `data` (the directory the config names, opened by the policy's
+    /// rule), giving up on its lock at `deadline`.
+    pub fn open(data: DataDir, domain: &str, deadline: Deadline) -> Result<FileStore, IpamError> {
         if !component_ok(domain) {
-            return Err(std::io::Error::new(ErrorKind::InvalidInput, format!("invalid allocation domain {domain:?}")));
+            return Err(IpamError::Store(format!("open store: invalid allocation domain {domain:?}")));
         }
-        let dir = SafeDir::open_beneath(root, data_dir, create)?.subdir(domain, create)?;
-        let sub = |name: &str| dir.subdir(name, create);
-        let (ips, attachments, pods, cursors, tmp) =
-            (sub("ips")?, sub("attachments")?, sub("pods")?, sub("cursors")?, sub("tmp")?);
-        Ok(FileStore { dir, ips, attachments, pods, cursors, tmp })
+        Ok(FileStore { data, domain: domain.to_string(), deadline, retired: AtomicBool::new(false) })
+    }
+
+    /// The store of `domain` in an admin's directory `dir` (created 0700 when missing), with the
+    /// default request deadline: what a store profile names, and what tests use.
+    pub fn open_admin(dir: &Path, domain: &str) -> Result<FileStore, IpamError> {
+        let data = DataDir::admin(dir, true)
+            .map_err(|e| IpamError::Store(format!("open store {}: {e}", dir.display())))?
+            .expect("created");
+        let limit = plexus_cni::policy::Limits::default().request_timeout();
+        FileStore::open(data, domain, Deadline::after(limit))
     }
 
     /// The store's directory, as configured.
     pub fn dir(&self) -> &Path {
-        self.dir.shown()
+        self.data.dir().shown()
     }
 
-    /// A path made through one of the store's directories, as the config named it.
+    /// The domain, locked; `None` when it does not exist and `create` is false.
+    fn domain(&self, create: bool) -> Result<Option<Domain>, IpamError> {
+        if self.retired.load(Ordering::SeqCst) {
+            return match create {
+                false => Ok(None),
+                true => Err(IpamError::Store(format!(
+                    "{}: removed, as it held nothing: open it again",
+                    self.dir().display()
+                ))),
+            };
+        }
+        Domain::open(self.data.dir(), &self.domain, create, self.deadline)
+    }
+
+    /// After `domain` (locked) lost its last record: remove it, then the tenant's directory if it
+    /// has no domain left. The default domain of the admin's store stays: it is no tenant's
+    /// choice, and its cursor keeps a released address from coming round again at once.
+    fn retire(&self, domain: Domain) {
+        if !self.data.is_tenant() && self.domain == crate::config::DEFAULT_DOMAIN {
+            return;
+        }
+        if domain.retire_if_empty(self.data.dir(), &self.domain) && self.data.retire_if_empty() {
+            self.retired.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Domain {
+    fn open(store: &SafeDir, name: &str, create: bool, deadline: Deadline) -> Result<Option<Domain>, IpamError> {
+        let failed =
+            |what: &str, e: std::io::Error| IpamError::Store(format!("{what} {}/{name}: {e}", store.shown().display()));
+        for _ in 0..DOMAIN_ATTEMPTS {
+            let dir = match store.subdir(name, create) {
+                Ok(d) => d,
+                Err(e) if e.kind() == ErrorKind::NotFound && !create => return Ok(None),
+                // Removed between its creation and its opening: again.
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(failed("open store", e)),
+            };
+            let lock = match open_lock(&dir, create) {
+                Ok(Some(lock)) => lock,
+                // No lock file: a domain that never held anything (its lock comes before any
+                // record), or one removed meanwhile.
+                Ok(None) if !create => return Ok(None),
+                Ok(None) => continue,
+                Err(e) => {
+                    remove_if_empty(store, name, &dir);
+                    return Err(failed("open lock of", e));
+                }
+            };
+            if !plexus_cni::deadline::lock_until(&lock, deadline).map_err(|e| failed("lock", e))? {
+                return Err(IpamError::Unavailable(format!(
+                    "the lock of {}/{name} is still held at this request's deadline",
+                    store.shown().display()
+                )));
+            }
+            // The domain was removed while this request waited for its lock: open it anew.
+            if fstat(lock.as_fd()).map(|s| s.st_nlink).unwrap_or(0) == 0 {
+                continue;
+            }
+            let subdirs: Result<Vec<SafeDir>, _> = SUBDIRS.iter().map(|n| dir.subdir(n, true)).collect();
+            let mut subdirs = match subdirs {
+                Ok(d) => d.into_iter(),
+                Err(e) => {
+                    // Nothing half-made stays (the disk is full, read-only...).
+                    remove_if_empty(store, name, &dir);
+                    return Err(failed("open", e));
+                }
+            };
+            let mut next = || subdirs.next().expect("one per name");
+            let (ips, attachments, pods, cursors, tmp) = (next(), next(), next(), next(), next());
+            let domain = Domain { dir, ips, attachments, pods, cursors, tmp, lock: Some(lock), deadline };
+            domain.sweep_temp_files();
+            return Ok(Some(domain));
+        }
+        Err(IpamError::Unavailable(format!(
+            "{}/{name}: removed and made again {DOMAIN_ATTEMPTS} times while this request waited",
+            store.shown().display()
+        )))
+    }
+
+    /// Let the lock go (the files written stay reachable through the directories).
+    fn unlock(&mut self) {
+        self.lock = None;
+    }
+
+    /// Leftovers of killed processes in tmp/ (plexus's own temp names only), under the lock.
+    fn sweep_temp_files(&self) {
+        if let Ok(entries) = fs::read_dir(self.tmp.path()) {
+            for e in entries.flatten() {
+                if files::is_temp_name(&e.file_name().to_string_lossy()) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+
+    /// Remove this domain (under its lock) when no record, address or pod index is left in it;
+    /// `true` when it is gone. Its lock file goes last but one: a request waiting on it finds it
+    /// unlinked and starts over.
+    fn retire_if_empty(self, store: &SafeDir, name: &str) -> bool {
+        remove_if_empty(store, name, &self.dir)
+    }
+
+    /// A path made through one of the domain's directories, as the config named it.
     fn err_path(&self, path: &Path) -> String {
         [&self.ips, &self.attachments, &self.pods, &self.cursors, &self.tmp, &self.dir]
             .iter()
@@ -96,38 +227,6 @@ impl FileStore {
 
     fn err(&self, what: &str, path: &Path, e: std::io::Error) -> IpamError {
         IpamError::Store(format!("{what} {}: {e}", self.err_path(path)))
-    }
-
-    /// Take the domain lock; leftovers of killed processes in tmp/ (plexus's own temp names
-    /// only) are removed.
-    fn lock(&self) -> Result<File, IpamError> {
-        let path = self.dir.join("lock");
-        let nofollow = nix::fcntl::OFlag::O_NOFOLLOW.bits();
-        // A read-only file system still takes a lock on a file opened for reading (DEL of
-        // nothing must succeed there).
-        let f = match OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(nofollow)
-            .open(&path)
-        {
-            Err(e) if e.kind() == ErrorKind::ReadOnlyFilesystem => {
-                OpenOptions::new().read(true).custom_flags(nofollow).open(&path)
-            }
-            other => other,
-        }
-        .map_err(|e| self.err("open", &path, e))?;
-        f.lock().map_err(|e| self.err("lock", &path, e))?;
-        if let Ok(entries) = fs::read_dir(self.tmp.path()) {
-            for e in entries.flatten() {
-                if files::is_temp_name(&e.file_name().to_string_lossy()) {
-                    let _ = fs::remove_file(e.path());
-                }
-            }
-        }
-        Ok(f)
     }
 
     fn record_path(&self, container_id: &str, ifname: &str) -> PathBuf {
@@ -238,6 +337,14 @@ impl FileStore {
             };
         }
         for offset in Candidates::after(range, self.cursor(range)) {
+            // Every candidate taken so far: a wide range mostly held is still walked within the
+            // request's deadline (the lock is everyone's).
+            if self.deadline.passed() {
+                return Err(IpamError::Unavailable(format!(
+                    "range {}: no free address found by the deadline",
+                    range.key()
+                )));
+            }
             let ip = range.addr(offset);
             if !self.ip_path(&Self::ip_key(ip, &key, overlapping)).exists() {
                 self.set_cursor(range, offset);
@@ -245,6 +352,11 @@ impl FileStore {
             }
         }
         Err(IpamError::Exhausted { range: range.key() })
+    }
+
+    /// Whether any attachment still has a record here.
+    fn attachments_left(&self) -> bool {
+        fs::read_dir(self.attachments.path()).map_or(true, |mut e| e.next().is_some())
     }
 
     fn release_locked(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
@@ -347,44 +459,72 @@ fn not_found_ok(e: std::io::Error) -> std::io::Result<()> {
 
 impl Store for FileStore {
     fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError> {
-        let lock = self.lock()?;
-        let (ips, touched) = self.allocate_locked(req)?;
-        drop(lock);
-        self.persist(&touched, &[])?;
-        Ok(ips)
+        let mut domain = match self.domain(true) {
+            Ok(domain) => domain.expect("created"),
+            Err(e) => {
+                // Nothing half-made stays: not the domain (Domain::open), not a directory of a
+                // tenant's that holds nothing else.
+                self.data.retire_if_empty();
+                return Err(e);
+            }
+        };
+        match domain.allocate_locked(req) {
+            Ok((ips, touched)) => {
+                domain.unlock();
+                domain.persist(&touched, &[])?;
+                Ok(ips)
+            }
+            Err(e) => {
+                // A failed ADD leaves no domain (or directory) it made.
+                self.retire(domain);
+                Err(e)
+            }
+        }
     }
 
     fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
-        let lock = self.lock()?;
-        let released = self.release_locked(container_id, ifname)?;
-        drop(lock);
-        if !released.is_empty() {
-            self.persist(&[self.record_path(container_id, ifname)], &[&self.ips])?;
+        let Some(mut domain) = self.domain(false)? else { return Ok(Vec::new()) };
+        let released = domain.release_locked(container_id, ifname)?;
+        let record = domain.record_path(container_id, ifname);
+        if domain.attachments_left() {
+            domain.unlock();
+            if !released.is_empty() {
+                domain.persist(&[record], &[&domain.ips])?;
+            }
+        } else {
+            // Its last attachment: the domain goes, and so may the tenant's directory.
+            let store = self.data.dir().path();
+            self.retire(domain);
+            if let Ok(d) = File::open(&store) {
+                let _ = d.sync_all();
+            }
         }
         Ok(released)
     }
 
     fn holdings(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
-        let _lock = self.lock()?;
+        let Some(domain) = self.domain(false)? else { return Ok(Vec::new()) };
         let me = attachment_key(container_id, ifname);
-        let Some(record) = self.read_record(&self.record_path(container_id, ifname))? else { return Ok(Vec::new()) };
+        let Some(record) = domain.read_record(&domain.record_path(container_id, ifname))? else {
+            return Ok(Vec::new());
+        };
         Ok(record
             .ips
             .iter()
-            .filter(|h| held_keys(h).iter().any(|k| self.holder(k).as_deref() == Some(me.as_str())))
+            .filter(|h| held_keys(h).iter().any(|k| domain.holder(k).as_deref() == Some(me.as_str())))
             .map(|h| Allocation { ip: h.ip, range: h.range.clone(), owner: record.owner.clone() })
             .collect())
     }
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {
-        let _lock = self.lock()?;
-        let dir = self.attachments.path();
+        let Some(domain) = self.domain(false)? else { return Ok(Vec::new()) };
+        let dir = domain.attachments.path();
         let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(|e| self.err("list", &dir, e))?.flatten() {
-            if let Some(record) = self.read_record(&entry.path())? {
+        for entry in fs::read_dir(&dir).map_err(|e| domain.err("list", &dir, e))?.flatten() {
+            if let Some(record) = domain.read_record(&entry.path())? {
                 let me = record.owner.key();
                 for h in &record.ips {
-                    let held = held_keys(h).iter().any(|k| self.holder(k).as_deref() == Some(me.as_str()));
+                    let held = held_keys(h).iter().any(|k| domain.holder(k).as_deref() == Some(me.as_str()));
                     if held {
                         out.push(Allocation { ip: h.ip, range: h.range.clone(), owner: record.owner.clone() });
                     }
@@ -396,6 +536,79 @@ impl Store for FileStore {
     }
 }
 
+/// Remove domain `name` of `store` (its directory open as `dir`, locked or never locked) when no
+/// record, address or pod index is in it: its other files, its subdirectories, its lock file,
+/// then itself; `true` when it is gone. What is missing already is no obstacle; a subdirectory
+/// that is anything but a directory (a planted symlink) keeps everything as it is. Every step goes
+/// through descriptors opened without following symlinks, never through a path.
+fn remove_if_empty(store: &SafeDir, name: &str, dir: &SafeDir) -> bool {
+    let mut subs = Vec::new();
+    for sub in SUBDIRS {
+        match dir.subdir(sub, false) {
+            Ok(d) => subs.push((sub, Some(d))),
+            Err(e) if e.kind() == ErrorKind::NotFound => subs.push((sub, None)),
+            Err(_) => return false,
+        }
+    }
+    let names = |d: &SafeDir| -> Option<Vec<std::ffi::OsString>> {
+        Some(fs::read_dir(d.path()).ok()?.flatten().map(|e| e.file_name()).collect())
+    };
+    for (sub, d) in &subs {
+        let Some(d) = d else { continue };
+        let Some(held) = names(d) else { return false };
+        match *sub {
+            "attachments" | "ips" | "pods" if !held.is_empty() => return false,
+            // Hints and leftovers: they go with the domain.
+            "cursors" | "tmp" => {
+                for n in held {
+                    let _ = unlinkat(d.as_fd(), n.as_os_str(), UnlinkatFlags::NoRemoveDir);
+                }
+            }
+            _ => {}
+        }
+    }
+    drop(subs);
+    let gone = |r: nix::Result<()>| match r {
+        Err(nix::errno::Errno::ENOENT) => Ok(()),
+        other => other,
+    };
+    let removed = SUBDIRS
+        .iter()
+        .try_for_each(|sub| gone(unlinkat(dir.as_fd(), *sub, UnlinkatFlags::RemoveDir)))
+        .and_then(|()| gone(unlinkat(dir.as_fd(), "lock", UnlinkatFlags::NoRemoveDir)))
+        .and_then(|()| unlinkat(store.as_fd(), name, UnlinkatFlags::RemoveDir));
+    if let Err(e) = &removed {
+        tracing::debug!("domain {name} of {} not removed: {e}", store.shown().display());
+    }
+    removed.is_ok()
+}
+
+/// The domain's lock file, opened without following a symlink — created 0600 when `create`
+/// (read-only on a read-only file system, where DEL of nothing must still succeed); `None` when
+/// there is none (the domain was removed, or never held anything).
+fn open_lock(dir: &SafeDir, create: bool) -> std::io::Result<Option<File>> {
+    let base = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mode = Mode::from_bits_truncate(0o600);
+    let opened = match create {
+        true => match openat(dir.as_fd(), "lock", base | OFlag::O_CREAT | OFlag::O_WRONLY, mode) {
+            Err(nix::errno::Errno::EROFS) => openat(dir.as_fd(), "lock", base | OFlag::O_RDONLY, mode),
+            other => other,
+        },
+        // Writable where it can be (a lock needs no more than reading).
+        false => match openat(dir.as_fd(), "lock", base | OFlag::O_WRONLY, mode) {
+            Err(nix::errno::Errno::EROFS | nix::errno::Errno::EACCES) => {
+                openat(dir.as_fd(), "lock", base | OFlag::O_RDONLY, mode)
+            }
+            other => other,
+        },
+    };
+    match opened {
+        Ok(fd) => Ok(Some(File::from(fd))),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Remove a store file (a write to the store: it passes a fault-injection point).
 fn unlink(path: &Path) -> std::io::Result<()> {
     plexus_cni::fault::at(plexus_cni::fault::Point::FileWrite)?;
@@ -403,7 +616,7 @@ fn unlink(path: &Path) -> std::io::Result<()> {
 }
 
 /// The two address-file keys a held address may be filed under (overlapping ranges: the bare
-/// address; otherwise per range, see [`FileStore::ip_key`]).
+/// address; otherwise per range, see [`Domain::ip_key`]).
 fn held_keys(h: &Held) -> [String; 2] {
-    [FileStore::ip_key(h.ip, &h.range, true), FileStore::ip_key(h.ip, &h.range, false)]
+    [Domain::ip_key(h.ip, &h.range, true), Domain::ip_key(h.ip, &h.range, false)]
 }

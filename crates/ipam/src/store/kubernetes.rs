@@ -46,8 +46,8 @@ const CURSOR_ANNOTATION: &str = "ipam.plexus.io/next";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// For a whole ADD or DEL: conflicts, and calls that failed or timed out, are retried until then.
 const DEADLINE: Duration = Duration::from_secs(30);
-/// The largest offset whereabouts can read back (int64).
-const MAX_OFFSET: u128 = i64::MAX as u128;
+/// The largest offset whereabouts can read back (int64): ranges of this store are capped here.
+pub const MAX_OFFSET: u128 = i64::MAX as u128;
 const JSON_PATCH: &str = "application/json-patch+json";
 const JSON: &str = "application/json";
 /// How often an ADD waiting in the spool looks for its answer or a free turn: at first, and at
@@ -57,6 +57,10 @@ const ANSWER_POLL_MAX: Duration = Duration::from_millis(4);
 
 pub struct KubernetesStore {
     api: ApiClient,
+    /// The request's deadline: no ADD or DEL, lock wait or spool turn outlasts it.
+    deadline: plexus_cni::Deadline,
+    /// The most IPPools the namespace may hold before this node refuses to create another.
+    max_pools: usize,
     namespace: String,
     /// whereabouts' `network_name`, the prefix of object names (none for the default domain).
     network_name: Option<String>,
@@ -311,12 +315,15 @@ impl KubernetesStore {
         domain: &str,
         network: &str,
         ranges: &[IpRange],
+        deadline: plexus_cni::Deadline,
     ) -> Result<KubernetesStore, IpamError> {
         let api = ApiClient::connect(Some(&cfg.kubeconfig), CALL_TIMEOUT)
             .map_err(|e| IpamError::Config(format!("store kubernetes: {e}")))?
             .ok_or_else(|| IpamError::Config("store kubernetes: no kubeconfig".into()))?;
         Ok(KubernetesStore {
             api,
+            deadline,
+            max_pools: cfg.max_pools,
             namespace: cfg.namespace.clone(),
             network_name: (domain != DEFAULT_DOMAIN).then(|| domain.to_string()),
             network: network.to_string(),
@@ -324,6 +331,11 @@ impl KubernetesStore {
             leader_election: cfg.leader_election,
             node_lock: cfg.node_lock_dir.join(".plexus-ipam-kubernetes.lock"),
         })
+    }
+
+    /// The deadline of one ADD or DEL: [`DEADLINE`] from now, or the request's if sooner.
+    fn op_deadline(&self) -> Instant {
+        self.deadline.within(DEADLINE).instant()
     }
 
     fn path(&self, kind: &str, name: Option<&str>) -> String {
@@ -349,6 +361,7 @@ impl KubernetesStore {
                 Reply::Ok(obj) => return Ok(Some(Pool::from_object(&name, &obj, range))),
                 Reply::NotFound if !create => return Ok(None),
                 Reply::NotFound => {
+                    self.refuse_past_pool_limit(&name)?;
                     let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
                         "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
                         "spec": {"range": range.network.to_string(), "allocations": {}}});
@@ -363,6 +376,29 @@ impl KubernetesStore {
             }
         }
         Err(unavailable(format!("ippool {name} could not be read")))
+    }
+
+    /// Refuse to create IPPool `name` when the namespace holds [`KubernetesStore::max_pools`]
+    /// already (code 7, the policy's `limits.kubernetesPools`): a tenant chooses ranges and
+    /// `network_name`, and the node's credentials would create a pool for each.
+    fn refuse_past_pool_limit(&self, name: &str) -> Result<(), IpamError> {
+        let what = format!("list ippools {}", self.namespace);
+        let path = format!("{}?limit={}", self.path("ippools", None), self.max_pools);
+        let Reply::Ok(list) = self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? else {
+            return Ok(());
+        };
+        let listed = list.get("items").and_then(Value::as_array).map_or(0, Vec::len);
+        let more = list.pointer("/metadata/continue").and_then(Value::as_str).is_some_and(|c| !c.is_empty());
+        if listed >= self.max_pools || more {
+            return Err(IpamError::Refused(format!(
+                "IPPool {name} not created: namespace {} holds {}{listed} IPPools, the node policy allows at most {} \
+                 (limits.kubernetesPools)",
+                self.namespace,
+                if more { "more than " } else { "" },
+                self.max_pools
+            )));
+        }
+        Ok(())
     }
 
     /// Apply `ops` to the pool; `false` when a `test` failed (or the pool is gone). Every write
@@ -501,13 +537,8 @@ impl KubernetesStore {
                 Some(ip) => {
                     let o = range.offset_of(ip).ok_or(IpamError::Outside { ip })?;
                     if let Some(holder) = pool.allocations.get(&o) {
-                        let who = holder
-                            .get("podref")
-                            .and_then(Value::as_str)
-                            .filter(|p| !p.is_empty())
-                            .or_else(|| holder.get("id").and_then(Value::as_str))
-                            .unwrap_or("?");
-                        return Err(IpamError::InUse { ip, holder: who.to_string() });
+                        let podref = holder.get("podref").and_then(Value::as_str).unwrap_or_default();
+                        return Err(IpamError::InUse { ip, holder: super::holder_shown(podref, owner) });
                     }
                     Box::new(std::iter::once(o))
                 }
@@ -515,6 +546,8 @@ impl KubernetesStore {
             };
             let mut tried_any = false;
             for offset in candidates {
+                // Candidates the pool holds are passed by; the walk still ends at the deadline.
+                not_past(deadline, range)?;
                 if offset > MAX_OFFSET {
                     continue;
                 }
@@ -616,7 +649,8 @@ impl KubernetesStore {
     /// landing, and the turn comes after it. With whereabouts' Lease, one at a time.
     fn release_one(&self, range: &IpRange, owner: &Owner, deadline: Instant) -> Result<Vec<Allocation>, IpamError> {
         let (cid, ifname) = (owner.container_id.as_str(), owner.ifname.as_str());
-        let alone = || self.locked(cid, || self.release_in(range, cid, ifname, deadline, &|a| self.unreserve(a)));
+        let alone =
+            || self.locked(cid, deadline, || self.release_in(range, cid, ifname, deadline, &|a| self.unreserve(a)));
         if self.leader_election {
             return alone();
         }
@@ -707,7 +741,7 @@ impl KubernetesStore {
                 if let Some(answer) = ticket.answer() {
                     return Ok(answer);
                 }
-                let Some(_turn) = self.turn(false)? else {
+                let Some(_turn) = self.turn(None)? else {
                     not_past(deadline, range)?;
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(ANSWER_POLL_MAX);
@@ -750,7 +784,7 @@ impl KubernetesStore {
         deadline: Instant,
     ) -> Result<IpAddr, IpamError> {
         let owner = &req.owner;
-        let alone = || self.locked(me, || self.allocate_in(range, requested, req, deadline));
+        let alone = || self.locked(me, deadline, || self.allocate_in(range, requested, req, deadline));
         if requested.is_some() || self.leader_election {
             return alone();
         }
@@ -809,9 +843,9 @@ impl KubernetesStore {
     }
 
     /// This node's turn (a file lock in the policy's data root: the node's writers one at a time,
-    /// other nodes' concurrently), held until the file drops; `wait: false` gives `None` at once
-    /// when another writer has it.
-    fn turn(&self, wait: bool) -> Result<Option<std::fs::File>, IpamError> {
+    /// other nodes' concurrently), held until the file drops; waited for until `wait` (code 11
+    /// then), or with `None` given up at once when another writer has it.
+    fn turn(&self, wait: Option<Instant>) -> Result<Option<std::fs::File>, IpamError> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         if let Some(dir) = self.node_lock.parent().filter(|d| !d.exists()) {
             let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
@@ -830,8 +864,14 @@ impl KubernetesStore {
         let file = open(true)
             .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
             .map_err(failed)?;
-        if wait {
-            return file.lock().map(|()| Some(file)).map_err(failed);
+        if let Some(until) = wait {
+            return match plexus_cni::deadline::lock_until(&file, until.into()).map_err(failed)? {
+                true => Ok(Some(file)),
+                false => Err(unavailable(format!(
+                    "this node's turn ({}) is still taken at this request's deadline",
+                    self.node_lock.display()
+                ))),
+            };
         }
         match file.try_lock() {
             Ok(()) => Ok(Some(file)),
@@ -841,13 +881,17 @@ impl KubernetesStore {
     }
 
     /// Run `f` with this node's turn and, when the network asks for it, whereabouts' Lease.
-    fn locked<T>(&self, owner: &str, f: impl FnOnce() -> Result<T, IpamError>) -> Result<T, IpamError> {
-        let _turn = self.turn(true)?;
+    fn locked<T>(
+        &self,
+        owner: &str,
+        deadline: Instant,
+        f: impl FnOnce() -> Result<T, IpamError>,
+    ) -> Result<T, IpamError> {
+        let _turn = self.turn(Some(deadline))?;
         if !self.leader_election {
             return f();
         }
-        let lease =
-            super::kubernetes_lease::Lease::acquire(&self.api, &self.namespace, owner, Instant::now() + DEADLINE)?;
+        let lease = super::kubernetes_lease::Lease::acquire(&self.api, &self.namespace, owner, deadline)?;
         let out = f();
         lease.release(&self.api);
         out
@@ -856,7 +900,7 @@ impl KubernetesStore {
 
 impl Store for KubernetesStore {
     fn allocate(&self, req: &AllocRequest<'_>) -> Result<Vec<IpAddr>, IpamError> {
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = self.op_deadline();
         let me = req.owner.pod_ref.clone().unwrap_or_else(|| req.owner.container_id.clone());
         let mut got = Vec::new();
         for (i, range) in req.ranges.iter().enumerate() {
@@ -880,7 +924,7 @@ impl Store for KubernetesStore {
     }
 
     fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = self.op_deadline();
         let owner = Owner {
             container_id: container_id.to_string(),
             ifname: ifname.to_string(),

@@ -257,6 +257,12 @@ impl Drop for Ticket {
         // The answer first: an answer is never left without its request while this one lives.
         let _ = remove(&self.answer);
         let _ = remove(&self.request);
+        // The pool's spool goes with its last request (pools and their bounds are a tenant's
+        // choice: a spool per choice must not outlive it). A request being left there meanwhile
+        // finds the directory gone and goes without the spool.
+        if let Some(dir) = self.request.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
@@ -309,6 +315,8 @@ mod tests {
         drop((b, c));
         let left: Vec<_> = std::fs::read_dir(&spool.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left.len(), 1, "only the leader's request is left: {left:?}");
+        drop(leader);
+        assert!(!spool.dir.exists(), "the spool goes with its last request");
     }
 
     #[test]

@@ -8,36 +8,98 @@ mod kubernetes_lease;
 mod kubernetes_spool;
 
 use std::net::IpAddr;
+use std::path::Path;
 
+use plexus_cni::datadir::{DataDir, Kind};
+use plexus_cni::{Deadline, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{IpamConfig, StoreConfig};
 use crate::error::IpamError;
 use crate::range::IpRange;
 
+/// What opening a store takes besides the network's config: the node policy (where a network's
+/// data directory may be), the pod's namespace (whose a tenant's directory is) and the request's
+/// deadline (no lock or API call is waited for past it).
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    pub policy: &'a Policy,
+    pub namespace: Option<&'a str>,
+    pub deadline: Deadline,
+}
+
+impl<'a> Context<'a> {
+    /// A plugin invocation's.
+    pub fn of(req: &'a plexus_cni::Request) -> Context<'a> {
+        Context { policy: &req.policy, namespace: req.pod_namespace(), deadline: req.env.deadline }
+    }
+}
+
+/// A refusal of the policy as the store's error: code 7 stays a refusal (DEL finds nothing held
+/// there), code 11 a retry.
+fn refusal(e: plexus_cni::Error) -> IpamError {
+    let text = if e.details.is_empty() { e.msg.clone() } else { format!("{} ({})", e.msg, e.details) };
+    match e.code {
+        plexus_cni::code::INVALID_NETWORK_CONFIG => IpamError::Refused(text),
+        plexus_cni::code::TRY_AGAIN_LATER => IpamError::Unavailable(text),
+        _ => IpamError::Store(text),
+    }
+}
+
+/// The file store's directory: a network's (by the policy's rule) or a store profile's.
+fn data_dir(data_dir: &Path, key: Option<&str>, cx: &Context<'_>, create: bool) -> Result<Option<DataDir>, IpamError> {
+    match key {
+        Some(key) => {
+            cx.policy.data_dir(key, data_dir, Kind::IpamFileStore, cx.namespace, create, cx.deadline).map_err(refusal)
+        }
+        None => DataDir::admin(data_dir, create)
+            .map_err(|e| IpamError::Store(format!("open store {}: {e}", data_dir.display()))),
+    }
+}
+
 /// The store a network's configuration names (the plugin and plexusctl open it alike).
-pub fn open(cfg: &IpamConfig) -> Result<Box<dyn Store>, IpamError> {
+pub fn open(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamError> {
     Ok(match &cfg.store {
-        StoreConfig::File { data_dir, root } => Box::new(file::FileStore::open(data_dir, root, &cfg.domain)?),
+        StoreConfig::File { data_dir: dir, key } => {
+            let data = data_dir(dir, key.as_deref(), cx, true)?.expect("created");
+            Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?)
+        }
         StoreConfig::Etcd(etcd) => Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?),
         StoreConfig::Kubernetes(k) => {
-            Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges)?)
+            Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges, cx.deadline)?)
         }
     })
 }
 
 /// The store to release from: `None` when a file store was never created (nothing is held; a
 /// read-only or missing data directory is then no error).
-pub fn open_for_release(cfg: &IpamConfig) -> Result<Option<Box<dyn Store>>, IpamError> {
+pub fn open_for_release(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Option<Box<dyn Store>>, IpamError> {
     Ok(match &cfg.store {
-        StoreConfig::File { data_dir, root } => {
-            file::FileStore::open_existing(data_dir, root, &cfg.domain)?.map(|s| Box::new(s) as Box<dyn Store>)
-        }
+        StoreConfig::File { data_dir: dir, key } => match data_dir(dir, key.as_deref(), cx, false)? {
+            Some(data) => Some(Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?)),
+            None => None,
+        },
         StoreConfig::Etcd(etcd) => Some(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?)),
-        StoreConfig::Kubernetes(k) => {
-            Some(Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges)?))
-        }
+        StoreConfig::Kubernetes(k) => Some(Box::new(kubernetes::KubernetesStore::connect(
+            k,
+            &cfg.domain,
+            &cfg.network,
+            &cfg.ranges,
+            cx.deadline,
+        )?)),
     })
+}
+
+/// The holder of an address as an error shows it to `asking`: the pod when it is of the same
+/// namespace, else only that another namespace's pod holds it (an error reaches a tenant, and
+/// never names another namespace's pod).
+pub(crate) fn holder_shown(podref: &str, asking: &Owner) -> String {
+    let ns_of = |p: &str| p.split_once('/').map(|(ns, _)| ns.to_string());
+    match (ns_of(podref), asking.pod_ref.as_deref().and_then(ns_of)) {
+        (Some(theirs), Some(mine)) if theirs == mine => podref.to_string(),
+        (Some(_), _) => "a pod of another namespace".into(),
+        (None, _) => "another attachment".into(),
+    }
 }
 
 /// Who holds an allocation.

@@ -1,0 +1,423 @@
+//! Data directories a network config names: plexus-ipam's file store (`dataDir`,
+//! `store.file.dataDir`) and plexus-host-device's state (`dataDir`). A NAD is tenant-written, so
+//! where such a directory may be is the node policy's, and no tenant's directory may lie inside
+//! another store's tree (where a planted directory would block an address, a lock or a pod).
+//!
+//! The rule:
+//! - the plugin's default directory (it must lie beneath a data root) is the admin's: its children
+//!   are that store's own (plexus-ipam's domains, plexus-host-device's state files);
+//! - any other directory is a *tenant data directory*: a direct child of a data root that is not a
+//!   plugin's default directory, not named `.plexus*` (names plexus keeps in a root for itself).
+//!   plexus creates it 0700 and marks it (a file [`MARK`]: its kind, and for the operator the
+//!   namespace of the pod it was made for), uses it only as what its mark says, and takes an
+//!   unmarked one only when it is empty or holds only what an earlier plexus made there (then
+//!   marks it). Which pods may share a store's addresses is the policy's `allow.ranges`, not the
+//!   directory: a NAD of a global namespace serves pods of every namespace;
+//! - a tenant data directory goes when nothing is left in it ([`DataDir::retire_if_empty`]): DEL,
+//!   GC and a failed ADD leave no directory a config made. While a request uses one it holds its
+//!   mark locked shared; the last one out removes it under an exclusive lock, and a request that
+//!   finds the mark it locked removed starts over.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::Duration;
+
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, fstat};
+use nix::unistd::{UnlinkatFlags, linkat, unlinkat};
+use serde::{Deserialize, Serialize};
+
+use crate::deadline::Deadline;
+use crate::error::Error;
+use crate::files::SafeDir;
+use crate::paths;
+use crate::policy::Policy;
+
+/// The mark of a tenant data directory: its kind and owner, and the lock its users share.
+pub const MARK: &str = ".plexus-data";
+
+/// How many times opening a tenant data directory starts over (it was removed meanwhile).
+const ATTEMPTS: usize = 8;
+
+/// What a data directory holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    /// plexus-ipam's file store: one directory per allocation domain.
+    #[serde(rename = "plexus-ipam file store")]
+    IpamFileStore,
+    /// plexus-host-device's state files.
+    #[serde(rename = "plexus-host-device state")]
+    HostDeviceState,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::IpamFileStore => "plexus-ipam file store",
+            Kind::HostDeviceState => "plexus-host-device state",
+        }
+    }
+
+    /// The plugin's own default directory (the admin's).
+    pub fn default_dir(self) -> &'static Path {
+        Path::new(match self {
+            Kind::IpamFileStore => paths::IPAM_DATA_DIR,
+            Kind::HostDeviceState => paths::HOST_DEVICE_DATA_DIR,
+        })
+    }
+
+    /// Whether `entry` (a name in the directory, and whether it is a directory) is something a
+    /// store of this kind makes: what an earlier plexus, before marks, left in a tenant's
+    /// directory (such a directory is adopted).
+    fn made_by(self, entry: &str, is_dir: bool) -> bool {
+        match self {
+            // Allocation domains: network names.
+            Kind::IpamFileStore => is_dir && crate::env::validate_network_name(entry).is_ok(),
+            // State files: `<containerID>=<ifname>`.
+            Kind::HostDeviceState => {
+                !is_dir
+                    && entry.split_once('=').is_some_and(|(c, i)| {
+                        crate::env::validate_container_id(c).is_ok() && crate::env::validate_ifname(i).is_ok()
+                    })
+            }
+        }
+    }
+}
+
+/// What a mark says.
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Mark {
+    kind: Kind,
+    /// The namespace of the pod it was made for ("" for a request naming none), for an operator
+    /// looking at it.
+    #[serde(default)]
+    namespace: String,
+}
+
+/// A data directory, open: the admin's, or a tenant's with its mark locked shared.
+#[derive(Debug)]
+pub struct DataDir {
+    dir: SafeDir,
+    tenant: Option<TenantDir>,
+}
+
+#[derive(Debug)]
+struct TenantDir {
+    root: SafeDir,
+    name: String,
+    mark: File,
+}
+
+impl DataDir {
+    /// The directory, through its open descriptor.
+    pub fn dir(&self) -> &SafeDir {
+        &self.dir
+    }
+
+    /// Whether it is a tenant's (removed when empty) rather than the admin's.
+    pub fn is_tenant(&self) -> bool {
+        self.tenant.is_some()
+    }
+
+    /// An admin's directory (a store profile's): opened as it is (created 0700 when missing and
+    /// `create`), never marked, never removed; `Ok(None)` when missing and not `create`.
+    pub fn admin(path: &Path, create: bool) -> std::io::Result<Option<DataDir>> {
+        match SafeDir::open_beneath(path, path, create) {
+            Ok(dir) => Ok(Some(DataDir { dir, tenant: None })),
+            Err(e) if e.kind() == ErrorKind::NotFound && !create => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Remove a tenant's directory when nothing but its mark is left in it and no other request
+    /// uses it; `true` when it is gone. The admin's directories stay. This is a request's last
+    /// use of the directory: whatever the outcome, its lock on the mark is let go (two requests
+    /// leaving at once do not hold each other up, and the last of them removes it).
+    pub fn retire_if_empty(&self) -> bool {
+        let Some(t) = &self.tenant else { return false };
+        // Converting the shared lock lets it go first, then waits a moment for the others'.
+        let within = Deadline::after(Duration::from_millis(50));
+        if !crate::deadline::lock_until(&t.mark, within).unwrap_or(false) {
+            let _ = t.mark.unlock();
+            return false;
+        }
+        // A file system mounted on it (an admin's doing) keeps it: it could not be removed, and
+        // its mark must not be lost trying.
+        let mounted = match (fstat(self.dir.as_fd()), fstat(t.root.as_fd())) {
+            (Ok(dir), Ok(root)) => dir.st_dev != root.st_dev,
+            _ => true,
+        };
+        if mounted || !entries(&self.dir).is_ok_and(|e| e.is_empty()) {
+            let _ = t.mark.unlock();
+            return false;
+        }
+        // Temp files a killed request left (one marking the directory meanwhile retries), removed
+        // through the directory's descriptor (an unlink never follows a link).
+        for e in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+            if crate::files::is_temp_name(&e.file_name().to_string_lossy()) {
+                let _ = unlinkat(self.dir.as_fd(), e.file_name().as_os_str(), UnlinkatFlags::NoRemoveDir);
+            }
+        }
+        let removed = unlinkat(self.dir.as_fd(), MARK, UnlinkatFlags::NoRemoveDir)
+            .and_then(|()| unlinkat(t.root.as_fd(), t.name.as_str(), UnlinkatFlags::RemoveDir));
+        match removed {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!("{} not removed: {e}", self.dir.shown().display());
+                // Something else is in it after all (or it is a mount point): it keeps its mark.
+                if let Some(mark) = read_mark(&t.mark) {
+                    let _ = write_mark(&self.dir, &mark);
+                }
+                let _ = t.mark.unlock();
+                false
+            }
+        }
+    }
+}
+
+/// The names in `dir` other than its mark and plexus's temp files.
+fn entries(dir: &SafeDir) -> std::io::Result<Vec<(String, bool)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir.path())? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == MARK || crate::files::is_temp_name(&name) {
+            continue;
+        }
+        out.push((name, e.file_type().is_ok_and(|t| t.is_dir())));
+    }
+    Ok(out)
+}
+
+fn read_mark(file: &File) -> Option<Mark> {
+    let mut text = Vec::new();
+    file.take(4096).read_to_end(&mut text).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Mark `dir`: written whole beside it, then linked into place (a mark is never seen half
+/// written; two requests marking at once, one wins). `false` when a mark was there first.
+fn write_mark(dir: &SafeDir, mark: &Mark) -> std::io::Result<bool> {
+    let temp = crate::files::temp_name(MARK);
+    let path = dir.join(&temp);
+    let written = crate::files::create_private(&path)
+        .and_then(|mut f| f.write_all(&serde_json::to_vec(mark).map_err(std::io::Error::other)?));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
+    let linked = linkat(dir.as_fd(), temp.as_str(), dir.as_fd(), MARK, AtFlags::empty());
+    let _ = std::fs::remove_file(&path);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(nix::errno::Errno::EEXIST) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Policy {
+    /// The data directory `path` of kind `kind` that config key `key` names, for a pod of
+    /// `namespace`, by the rule of this module: opened beneath its data root without following
+    /// symlinks, created (0700, marked when a tenant's) when missing and `create`; `Ok(None)`
+    /// when it does not exist and `create` is false. Code 7 naming the key, the value and the
+    /// rule when it may not be used.
+    pub fn data_dir(
+        &self,
+        key: &str,
+        path: &Path,
+        kind: Kind,
+        namespace: Option<&str>,
+        create: bool,
+        deadline: Deadline,
+    ) -> Result<Option<DataDir>, Error> {
+        let shown = path.display().to_string();
+        let io = |e: std::io::Error| Error::io(format!("{key} {shown:?}: {e}"));
+        if path == kind.default_dir() {
+            let root = self.data_root(key, path)?;
+            return match SafeDir::open_beneath(root, path, create) {
+                Ok(dir) => Ok(Some(DataDir { dir, tenant: None })),
+                Err(e) if e.kind() == ErrorKind::NotFound && !create => Ok(None),
+                Err(e) => Err(io(e)),
+            };
+        }
+        let (root, name) = self.tenant_place(key, path)?;
+        let want = Mark { kind, namespace: namespace.unwrap_or_default().to_string() };
+        for _ in 0..ATTEMPTS {
+            let root_dir = SafeDir::open_beneath(root, root, create).map_err(io)?;
+            let dir = match root_dir.subdir(name, create) {
+                Ok(d) => d,
+                Err(e) if e.kind() == ErrorKind::NotFound && !create => return Ok(None),
+                // Removed between its creation and here: again.
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(e)),
+            };
+            let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let mark = match openat(dir.as_fd(), MARK, flags, Mode::empty()) {
+                Ok(fd) => File::from(fd),
+                Err(nix::errno::Errno::ENOENT) => {
+                    let found = entries(&dir).map_err(io)?;
+                    let adoptable = found.iter().all(|(n, is_dir)| kind.made_by(n, *is_dir));
+                    if !adoptable {
+                        return Err(self.not_ours(key, path, "it is not empty and carries no plexus mark"));
+                    }
+                    if found.is_empty() && !create {
+                        return Ok(None);
+                    }
+                    match write_mark(&dir, &want) {
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                        Err(e) => return Err(io(e)),
+                    }
+                }
+                Err(e) => return Err(io(e.into())),
+            };
+            let Some(found) = read_mark(&mark) else {
+                return Err(self.not_ours(key, path, &format!("its {MARK} cannot be read")));
+            };
+            if found.kind != kind {
+                return Err(self.not_ours(key, path, &format!("it is a {}", found.kind.name())));
+            }
+            if !lock_shared_until(&mark, deadline).map_err(io)? {
+                return Err(deadline.expired(format!("{key} {shown:?}: waiting for its mark")));
+            }
+            // Removed by its last user between our open and our lock: again, from the root.
+            if fstat(mark.as_fd()).map(|s| s.st_nlink).unwrap_or(0) == 0 {
+                continue;
+            }
+            return Ok(Some(DataDir { dir, tenant: Some(TenantDir { root: root_dir, name: name.to_string(), mark }) }));
+        }
+        Err(Error::try_again_later(format!("{key} {shown:?}: removed and made again {ATTEMPTS} times meanwhile")))
+    }
+
+    /// Where a tenant data directory `path` may be: the data root it is a direct child of, and
+    /// its name there.
+    fn tenant_place<'a>(&'a self, key: &str, path: &'a Path) -> Result<(&'a Path, &'a str), Error> {
+        let shown = path.display().to_string();
+        self.data_root(key, path)?;
+        let refused = |why: String| {
+            Error::invalid_config(format!("{key} {shown:?} {why}")).with_details(format!(
+                "a network's data directory is its plugin's default or a direct child of a data root that is \
+                 not a plugin's default directory ({:?}, {:?}); dataRoots {:?} (policy: {})",
+                paths::IPAM_DATA_DIR,
+                paths::HOST_DEVICE_DATA_DIR,
+                self.data_roots,
+                self.source
+            ))
+        };
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+            return Err(refused("names no directory".into()));
+        };
+        let root = self.data_roots.iter().find(|r| r.as_path() == parent);
+        let Some(root) = root else {
+            return Err(refused("is not a direct child of a data root".into()));
+        };
+        let defaults = [Kind::IpamFileStore.default_dir(), Kind::HostDeviceState.default_dir()];
+        if defaults.contains(&root.as_path()) {
+            return Err(refused(format!("lies in {}, whose entries are that plugin's own", root.display())));
+        }
+        if name.starts_with(".plexus") {
+            return Err(refused("uses a name plexus keeps for itself (.plexus*)".into()));
+        }
+        Ok((root.as_path(), name))
+    }
+
+    fn not_ours(&self, key: &str, path: &Path, why: &str) -> Error {
+        Error::invalid_config(format!("{key} {:?} cannot be used: {why}", path.display().to_string()))
+            .with_details("a tenant data directory is made and marked by plexus, and used as one kind only")
+    }
+}
+
+/// A shared `flock` on `file`, waiting at most until `deadline`.
+fn lock_shared_until(file: &File, deadline: Deadline) -> std::io::Result<bool> {
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match file.try_lock_shared() {
+            Ok(()) => return Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return Ok(false);
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(root: &Path) -> Policy {
+        Policy::parse(serde_json::json!({"dataRoots": [root]}).to_string().as_bytes()).unwrap()
+    }
+
+    fn soon() -> Deadline {
+        Deadline::after(Duration::from_secs(5))
+    }
+
+    #[test]
+    fn a_tenant_directory_is_a_marked_direct_child_of_a_data_root_and_goes_when_empty() {
+        let root = tempfile::tempdir().unwrap();
+        let p = policy(root.path());
+        let dir = root.path().join("team-a-store");
+        let d = p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        assert!(d.is_tenant());
+        let mark: Mark = serde_json::from_slice(&std::fs::read(dir.join(MARK)).unwrap()).unwrap();
+        assert_eq!(mark, Mark { kind: Kind::IpamFileStore, namespace: "team-a".into() });
+        std::fs::create_dir(dir.join("default")).unwrap();
+        assert!(!d.retire_if_empty(), "a domain is in it");
+        drop(d);
+        std::fs::remove_dir(dir.join("default")).unwrap();
+        let d = p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), false, soon()).unwrap().unwrap();
+        let other = p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), false, soon()).unwrap().unwrap();
+        assert!(!d.retire_if_empty(), "another request uses it");
+        assert!(other.retire_if_empty());
+        assert!(!dir.exists());
+        assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, None, false, soon()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_directory_deeper_than_a_roots_child_or_inside_a_default_directory_is_refused_by_rule() {
+        let root = tempfile::tempdir().unwrap();
+        let mut p = policy(root.path());
+        p.data_roots.push(Kind::IpamFileStore.default_dir().into());
+        for (path, why) in [
+            (root.path().join("a/ips"), "is not a direct child of a data root"),
+            (root.path().join(".plexus-ipam-kubernetes.lock"), "uses a name plexus keeps for itself"),
+            (Kind::IpamFileStore.default_dir().join("default"), "whose entries are that plugin's own"),
+            (root.path().to_path_buf(), "is not a direct child of a data root"),
+        ] {
+            let e = p.data_dir("dataDir", &path, Kind::IpamFileStore, Some("ns"), true, soon()).unwrap_err();
+            assert_eq!(e.code, crate::code::INVALID_NETWORK_CONFIG);
+            assert!(e.msg.contains(why), "{}: {e}", path.display());
+            assert!(e.msg.starts_with(&format!("dataDir {:?}", path.display().to_string())), "{e}");
+        }
+        assert!(!root.path().join("a").exists(), "nothing made on the way");
+    }
+
+    #[test]
+    fn a_directory_is_used_as_one_kind_and_never_unmarked_with_foreign_content() {
+        let root = tempfile::tempdir().unwrap();
+        let p = policy(root.path());
+        let dir = root.path().join("x");
+        let _held = p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("a"), true, soon()).unwrap();
+        let e = p.data_dir("dataDir", &dir, Kind::HostDeviceState, Some("a"), true, soon()).unwrap_err();
+        assert!(e.msg.contains("it is a plexus-ipam file store"), "{e}");
+        let foreign = root.path().join("y");
+        std::fs::create_dir(&foreign).unwrap();
+        std::fs::write(foreign.join("kubeconfig"), b"x").unwrap();
+        let e = p.data_dir("dataDir", &foreign, Kind::IpamFileStore, Some("a"), true, soon()).unwrap_err();
+        assert!(e.msg.contains("not empty and carries no plexus mark"), "{e}");
+        assert!(!foreign.join(MARK).exists());
+        // What an earlier plexus left (state files) is adopted and marked.
+        let old = root.path().join("z");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::write(old.join("c1=net1"), b"{}").unwrap();
+        assert!(p.data_dir("dataDir", &old, Kind::HostDeviceState, Some("a"), false, soon()).unwrap().is_some());
+        assert!(old.join(MARK).exists());
+    }
+}
