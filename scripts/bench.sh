@@ -402,6 +402,8 @@ fi
 if want daemon; then
 echo "== plexus-daemon against Multus thick's multus-daemon, 5,000 NADs and 10,000 pods (scripts/bench/daemon-rss.sh)"
 bash scripts/bench/daemon-rss.sh "$work"
+echo "== plexus-daemon under what tenants may write: 200 NADs of 1.4 MiB, 10,000 requests of distinct unknown types"
+NADS=200 PODS=0 NAD_KIB=1434 FLOOD=10000 NAME=daemon-hostile bash scripts/bench/daemon-rss.sh "$work"
 echo "== a burst of pods through plexus-daemon in a memory cgroup with the DaemonSet's limit (scripts/bench/daemon-burst.sh)"
 bash scripts/bench/daemon-burst.sh "$work" "$BIN"
 fi

@@ -10,17 +10,29 @@
 # removes or evicts the pods of nodes without a kubelet. Writes OUT/daemon-rss.json; figures,
 # never a pass/fail.
 #
+# What tenants may write (issue 35), with NAD_KIB and FLOOD: every NAD's config padded to NAD_KIB
+# KiB (200 NADs of 1,434 KiB: just under etcd's request limit); then, after plexus-daemon's RSS is
+# read, FLOOD requests through the plexus shim to it, each naming a delegate type nobody
+# installed (every type and network distinct: scripts/bench/type_flood.py), and its RSS and
+# metric series read again. NAME names the output (OUT/NAME.json).
+#
 #   bash scripts/bench/daemon-rss.sh OUT
+#   NADS=200 PODS=0 NAD_KIB=1434 FLOOD=10000 NAME=daemon-hostile bash scripts/bench/daemon-rss.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: scripts/bench/daemon-rss.sh OUT_DIR}
 mkdir -p "$out"
 NADS=${NADS:-5000} PODS=${PODS:-10000} LOCAL=${LOCAL:-200} SETTLE=${SETTLE:-30}
+NAD_KIB=${NAD_KIB:-0} FLOOD=${FLOOD:-0} NAME=${NAME:-daemon-rss}
+LOCAL=$((LOCAL < PODS ? LOCAL : PODS))
+# The DaemonSet's memory limit, for the report.
+limit_mib=$(sed -n 's/.*limits: {memory: \([0-9]*\)Mi}.*/\1/p' conf-examples/deploy/daemonset-daemon.yaml)
 
 env_file=$(mktemp)
 work=$(mktemp -d)
 pid=
-trap '[ -z "$pid" ] || kill "$pid" 2> /dev/null || true; bash scripts/cluster.sh down > /dev/null 2>&1 || true; rm -rf "$env_file" "$work"' EXIT
+pod_ns=plxrss-pod$$
+trap '[ -z "$pid" ] || kill "$pid" 2> /dev/null || true; ip netns del "$pod_ns" 2> /dev/null || true; bash scripts/cluster.sh down > /dev/null 2>&1 || true; rm -rf "$env_file" "$work"' EXIT
 bash scripts/cluster.sh up > "$env_file"
 set -a
 # shellcheck disable=SC1090
@@ -29,7 +41,7 @@ set +a
 state=$(dirname "$KUBECONFIG")
 k() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
 log() { echo "bench/daemon-rss.sh: $*" >&2; }
-BIN=$(bash scripts/build-release.sh -p plexus-daemon)
+BIN=$(bash scripts/build-release.sh -p plexus-daemon -p plexus)
 bash scripts/cluster.sh stop kube-controller-manager
 
 k apply -f conf-examples/deploy/crd.yaml -f conf-examples/deploy/rbac.yaml > /dev/null
@@ -42,10 +54,10 @@ for doc in re.split(r"^---\s*$", open(sys.argv[1]).read(), flags=re.M):
         print("---"); print(doc.strip())
 PY
 
-log "creating $NADS NADs and $PODS pods ($LOCAL on bench-node)"
-python3 - "$work/objects" "$NADS" "$PODS" "$LOCAL" << 'PY'
+log "creating $NADS NADs (configs padded to ${NAD_KIB} KiB) and $PODS pods ($LOCAL on bench-node)"
+python3 - "$work/objects" "$NADS" "$PODS" "$LOCAL" "$NAD_KIB" << 'PY'
 import json, os, sys
-d, nads, pods, local = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+d, nads, pods, local, pad_kib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 os.makedirs(d)
 docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"tenant-{i}"}} for i in range(10)]
 # Their default ServiceAccounts (the stopped controller-manager would have made them).
@@ -54,6 +66,8 @@ docs += [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "de
 for i in range(nads):
     conf = {"cniVersion": "1.0.0", "name": f"rail{i}", "type": "macvlan", "master": f"ens{i % 8 + 1}f0np0",
             "mode": "bridge", "ipam": {"type": "whereabouts", "range": f"10.{i // 256 % 256}.{i % 256}.0/24"}}
+    if pad_kib:
+        conf["pad"] = "x" * (pad_kib * 1024 - len(json.dumps(conf)) - 10)
     docs.append({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
                  "metadata": {"name": f"rail{i}", "namespace": f"tenant-{i % 10}",
                               "annotations": {"k8s.v1.cni.cncf.io/resourceName": "nvidia.com/rdma_shared_device_a"}},
@@ -71,11 +85,12 @@ for i in range(pods):
                                           "command": ["python", "train.py", "--rank", str(i % 8)],
                                           "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
                                           "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
-for n in range(0, len(docs), 1000):
-    with open(os.path.join(d, f"{n // 1000:03}.json"), "w") as f:
-        json.dump({"apiVersion": "v1", "kind": "List", "items": docs[n:n + 1000]}, f)
+per_file = 4 if pad_kib else 1000
+for n in range(0, len(docs), per_file):
+    with open(os.path.join(d, f"{n // per_file:05}.json"), "w") as f:
+        json.dump({"apiVersion": "v1", "kind": "List", "items": docs[n:n + per_file]}, f)
 PY
-k create -f "$work/objects/000.json" > /dev/null
+k create -f "$(ls "$work/objects"/*.json | head -1)" > /dev/null
 ls "$work/objects" | tail -n +2 | xargs -P 4 -I{} sh -c "ip netns exec '$NODE_NETNS' '$PEERS_BIN/kubectl' --kubeconfig '$KUBECONFIG' create -f '$work/objects/{}' > /dev/null"
 log "created: $(k get network-attachment-definitions -A --no-headers | wc -l) NADs, $(k get pods -A --no-headers | wc -l) pods"
 
@@ -103,8 +118,20 @@ plexus_rss=$(rss_of "$pid")
 metrics=$(ip netns exec "$NODE_NETNS" curl -sf http://127.0.0.1:9135/metrics)
 cached_nads=$(echo "$metrics" | awk '/^plexus_daemon_cached_objects\{kind="network-attachment-definition"\}/ {print $2}')
 cached_pods=$(echo "$metrics" | awk '/^plexus_daemon_cached_objects\{kind="pod"\}/ {print $2}')
-kill "$pid"; wait "$pid" 2> /dev/null || true; pid=
 log "plexus-daemon: $plexus_rss, synced after ${synced}s, cached ${cached_nads:-0} NADs and ${cached_pods:-0} pods"
+flood='null'
+if [ "$FLOOD" -gt 0 ]; then
+  log "plexus-daemon: $FLOOD requests of distinct unknown delegate types"
+  ip netns add "$pod_ns"
+  mkdir -p "$work/flood"
+  sent=$(ip netns exec "$NODE_NETNS" python3 scripts/bench/type_flood.py --shim "$BIN/plexus" \
+    --socket "$work/plexus-run/daemon.sock" --netns "/run/netns/$pod_ns" --work "$work/flood" --count "$FLOOD")
+  after=$(rss_of "$pid")
+  series=$(ip netns exec "$NODE_NETNS" curl -sf http://127.0.0.1:9135/metrics | grep -c '^plexus_daemon_delegate_duration_seconds_count' || true)
+  flood="{\"sent\": $sent, \"after\": $after, \"delegate_series\": $series}"
+  log "plexus-daemon after the flood: $after, $series delegate series"
+fi
+kill "$pid"; wait "$pid" 2> /dev/null || true; pid=
 
 log "multus-daemon (Multus thick)"
 mkdir -p "$work/sa" "$work/multus-run" "$work/multus-net.d"
@@ -136,9 +163,9 @@ fi
 multus_rss=$(rss_of "$mpid")
 kill "$pid" "$mpid" 2> /dev/null || true; wait "$pid" 2> /dev/null || true; pid=
 
-cat > "$out/daemon-rss.json" << JSON
-{"nads": $NADS, "pods": $PODS, "local": $LOCAL, "settle_s": $SETTLE, "plexus_synced_s": $synced,
- "plexus_cached": {"nads": ${cached_nads:-0}, "pods": ${cached_pods:-0}},
- "plexus": $plexus_rss, "multus": $multus_rss}
+cat > "$out/$NAME.json" << JSON
+{"nads": $NADS, "pods": $PODS, "local": $LOCAL, "settle_s": $SETTLE, "plexus_synced_s": $synced, "nad_kib": $NAD_KIB,
+ "limit_mib": $limit_mib, "plexus_cached": {"nads": ${cached_nads:-0}, "pods": ${cached_pods:-0}},
+ "plexus": $plexus_rss, "multus": $multus_rss, "flood": $flood}
 JSON
-cat "$out/daemon-rss.json"
+cat "$out/$NAME.json"

@@ -190,6 +190,26 @@ if has("daemon-rss"):
     print(f"| Multus thick (multus-daemon) | {m['rss_kib']/1024:.1f} MiB | {m['hwm_kib']/1024:.1f} MiB | the same objects | |")
     print(f"| **plexus / Multus thick** | **{p['rss_kib']/m['rss_kib']:.2f}** | {p['hwm_kib']/m['hwm_kib']:.2f} | | |")
 
+if has("daemon-hostile"):
+    d = load("daemon-hostile")
+    p, m, f = d["plexus"], d["multus"], d["flood"]
+    mib = lambda kib: f"{kib / 1024:.1f} MiB"
+    print("\n## plexus-daemon under what tenants may write (issue 35)\n")
+    print(f"`scripts/bench/daemon-rss.sh` with `NADS={d['nads']} NAD_KIB={d['nad_kib']} FLOOD={f['sent']['requests']}`: {d['nads']} NADs")
+    print(f"whose configs are {d['nad_kib']:,} KiB each (just under etcd's request limit; {d['nads'] * d['nad_kib'] / 1024:.0f} MiB in all),")
+    print("created through the real kube-apiserver of `scripts/cluster.sh`, each daemon alone on the node as in")
+    print("the section above. plexus-daemon keeps no config above the policy's `limits.nadConfigBytes` (64 KiB):")
+    print("it drops one while decoding it and lists NADs 25 at a time. Then")
+    print(f"{f['sent']['requests']:,} requests through the `plexus` shim, each naming a delegate type nobody installed, every")
+    print(f"type and network name distinct (`scripts/bench/type_flood.py`, {f['sent']['seconds']:.0f} s; every one failed with")
+    print("code 100, as it should): delegate types are labels only as installed plugins, networks up to 512.\n")
+    print("| | RSS | peak RSS | the DaemonSet's limit |")
+    print("|---|---:|---:|---:|")
+    print(f"| plexus-daemon, {d['nads']} NADs of {d['nad_kib']:,} KiB cached ({d['plexus_cached']['nads']} NADs, synced in {d['plexus_synced_s']:.1f} s) | **{mib(p['rss_kib'])}** | {mib(p['hwm_kib'])} | {d['limit_mib']} MiB |")
+    print(f"| plexus-daemon after {f['sent']['requests']:,} requests of distinct unknown types ({f['delegate_series']} delegate latency series) | **{mib(f['after']['rss_kib'])}** | {mib(f['after']['hwm_kib'])} | {d['limit_mib']} MiB |")
+    print(f"| Multus thick (multus-daemon), the same {d['nads']} NADs | {mib(m['rss_kib'])} | {mib(m['hwm_kib'])} | |")
+    print(f"| **plexus / Multus thick, the NADs** | **{p['rss_kib'] / m['rss_kib']:.2f}** | {p['hwm_kib'] / m['hwm_kib']:.2f} | |")
+
 if has("daemon-burst"):
     b = load("daemon-burst")
     print("\n## A burst through plexus-daemon under the DaemonSet's memory limit (issue #16)\n")

@@ -14,6 +14,7 @@ pub mod kernel;
 pub mod netns;
 pub mod reliability;
 pub mod runner;
+pub mod tenant;
 
 pub use daemon::DaemonProcess;
 pub use kernel::{Addr, Link, Route, Rule};

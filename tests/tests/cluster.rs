@@ -840,7 +840,11 @@ fn ipam_run_interrupted(
         .env("CNI_NETNS", "/var/run/netns/none")
         .env("CNI_IFNAME", "net1")
         .env("CNI_PATH", bin.parent().unwrap())
-        .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"))
+        .env("CNI_ARGS", {
+            // `pod` is a name in `default`, or `namespace/name`.
+            let (ns, name) = pod.split_once('/').unwrap_or(("default", pod));
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}")
+        })
         .env("PLEXUS_POLICY", c.var("PLEXUS_POLICY"))
         .env("PLEXUS_FAULT", if let Interrupt::Fault(f) = how { f } else { "" })
         .stdin(std::process::Stdio::piped())
@@ -1110,6 +1114,76 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
     );
     assert!(ok, "{out}");
     assert_eq!(out.lines().filter(|l| !l.is_empty()).count(), 0, "reservations leaked: {out}");
+}
+
+#[test]
+fn on_the_api_server_a_tenants_range_lock_or_pool_never_holds_up_another_pod() {
+    use serde_json::json;
+    let c = Cluster::up("");
+    c.use_kubernetes_ipam_store();
+    let set_limits = |limits: Value| {
+        let mut policy: Value =
+            serde_json::from_str(&std::fs::read_to_string(c.var("PLEXUS_POLICY")).unwrap()).unwrap();
+        policy["limits"] = limits;
+        std::fs::write(c.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
+    };
+    // A short request deadline: a wedged lock shows its bound quickly.
+    set_limits(json!({"requestTimeoutSeconds": 15}));
+    let net = |ipam: Value| {
+        let mut ipam = ipam;
+        ipam["type"] = json!("plexus-ipam");
+        ipam["store"] = json!("kubernetes");
+        json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "ens1f0np0", "ipam": ipam}).to_string()
+    };
+    // A range whose every usable offset lies above 2^63 (whereabouts' int64): refused at once,
+    // while a pod beside it on another pool starts.
+    c.apply(
+        &(c.nad(
+            "default",
+            "hostile",
+            &net(json!({"range": "2001:db8:177::/64", "range_start": "2001:db8:177:0:8000::"})),
+        ) + &c.nad("default", "fine", &net(json!({"range": "198.18.177.0/24"})))
+            + &c.pod("default", "hostile", "hostile")
+            + &c.pod("default", "fine", "fine")),
+    );
+    c.wait_event("default", "hostile", "the kubernetes store holds offsets below 2^63 only");
+    c.wait_ready("default", "pod/fine", "90s");
+    assert!(c.whereabouts_object("ippools", "2001-db8-177---64").is_none(), "no pool for it");
+    // The node's turn held by a wedged writer: a pod's ADD gives way at its deadline (code 11),
+    // and starts once the turn is free (the kubelet's retry).
+    let lock = std::fs::File::open(c.data().join(".plexus-ipam-kubernetes.lock")).unwrap();
+    lock.lock().unwrap();
+    c.apply(&c.pod("default", "waits", "fine"));
+    c.wait_event("default", "waits", "nothing committed in range 198.18.177.0/24 by this request's deadline");
+    assert_eq!(c.pod_json("default", "waits")["status"]["phase"], "Pending");
+    drop(lock);
+    c.wait_ready("default", "pod/waits", "180s");
+    // Pools: once the namespace holds the policy's cap, a node creates no more.
+    let (ok, pools) = c.kubectl(&["-n", "kube-system", "get", "ippools.whereabouts.cni.cncf.io", "-o", "name"], None);
+    assert!(ok, "{pools}");
+    let held = pools.lines().filter(|l| !l.is_empty()).count();
+    set_limits(json!({"requestTimeoutSeconds": 15, "kubernetesPools": held}));
+    c.apply(
+        &(c.nad("default", "newpool", &net(json!({"range": "198.18.178.0/24"})))
+            + &c.pod("default", "newpool", "newpool")),
+    );
+    c.wait_event("default", "newpool", &format!("the node policy allows at most {held} (limits.kubernetesPools)"));
+    assert!(c.whereabouts_object("ippools", "198.18.178.0-24").is_none(), "not created");
+    // An address another namespace's pod holds is never named to a tenant.
+    let taken = c.pool_entries("198.18.177.0-24").into_iter().find(|(_, e)| e["podref"] == "default/fine");
+    let (offset, _) = taken.expect("default/fine's entry");
+    let ip = format!("198.18.177.{offset}");
+    let conf = json!({"cniVersion": "1.0.0", "name": "fine", "runtimeConfig": {"ips": [format!("{ip}/24")]},
+        "ipam": {"type": "plexus-ipam", "range": "198.18.177.0/24", "store": "kubernetes"}});
+    let px = plexus_tests::plugin_bin("plexus-ipam");
+    let (ok, err) = ipam_run(&c, &px, "ADD", "thief", "tenant-b/thief", &conf);
+    assert!(!ok);
+    assert_eq!(err["code"], 111, "{err}");
+    assert_eq!(err["msg"], format!("requested address {ip} is already allocated to a pod of another namespace"));
+    let (ok, mine) = ipam_run(&c, &px, "ADD", "mine", "default/mine", &conf);
+    assert!(!ok && mine["msg"].as_str().unwrap().ends_with("allocated to default/fine"), "{mine}");
+    c.delete("default", &["pod", "--all"]);
+    wait_until("every address released", Duration::from_secs(60), || c.pool_entries("198.18.177.0-24").is_empty());
 }
 
 #[test]

@@ -128,7 +128,7 @@ fn the_ipam_store_rbac_is_a_namespaced_role_with_only_what_the_kubernetes_store_
     assert_eq!(objs[0]["metadata"]["namespace"], "kube-system");
     assert_eq!(
         objs[0]["rules"],
-        json!([{"apiGroups": ["whereabouts.cni.cncf.io"], "resources": ["ippools"], "verbs": ["get", "create", "patch"]},
+        json!([{"apiGroups": ["whereabouts.cni.cncf.io"], "resources": ["ippools"], "verbs": ["get", "list", "create", "patch"]},
                {"apiGroups": ["whereabouts.cni.cncf.io"], "resources": ["overlappingrangeipreservations"],
                 "verbs": ["get", "create", "patch", "delete"]},
                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},

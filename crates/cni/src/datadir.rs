@@ -246,6 +246,14 @@ impl Policy {
         let want = Mark { kind, namespace: namespace.unwrap_or_default().to_string() };
         for _ in 0..ATTEMPTS {
             let root_dir = SafeDir::open_beneath(root, root, create).map_err(io)?;
+            // A directory made here and left unmarked (the mark could not be written) goes again.
+            let made = create && root_dir.subdir(name, false).is_err_and(|e| e.kind() == ErrorKind::NotFound);
+            let unmake = |e: Error| {
+                if made {
+                    let _ = unlinkat(root_dir.as_fd(), name, UnlinkatFlags::RemoveDir);
+                }
+                e
+            };
             let dir = match root_dir.subdir(name, create) {
                 Ok(d) => d,
                 Err(e) if e.kind() == ErrorKind::NotFound && !create => return Ok(None),
@@ -268,7 +276,7 @@ impl Policy {
                     match write_mark(&dir, &want) {
                         Ok(_) => continue,
                         Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                        Err(e) => return Err(io(e)),
+                        Err(e) => return Err(unmake(io(e))),
                     }
                 }
                 Err(e) => return Err(io(e.into())),

@@ -300,10 +300,23 @@ fn kill_group(child: &Child) {
     let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
 }
 
-/// Read the child's stdout and stderr until both close, then wait for it to exit, all by the
-/// deadline; then kill its group (before the child is reaped, so the group's ID is still its
-/// own) and reap it.
+/// A descriptor that becomes readable when process `pid` exits (`pidfd_open(2)`, Linux 5.3);
+/// `None` where the kernel has none (the exit is then looked for every 20 ms).
+fn exit_fd(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor or -1; no memory is
+    // passed.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a descriptor pidfd_open just returned, owned by nothing else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Read the child's stdout and stderr until both close or the child exits (a process it left
+/// may hold them open: what the child wrote is in the pipes by then), then wait for it to exit,
+/// all by the deadline; then kill its group (before the child is reaped, so the group's ID is
+/// still its own) and reap it.
 fn collect(mut child: Child, deadline: crate::Deadline) -> Result<std::process::Output, Collected> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
     use std::io::Read;
@@ -314,52 +327,85 @@ fn collect(mut child: Child, deadline: crate::Deadline) -> Result<std::process::
         let _ = child.wait();
         Err(why)
     };
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let has_exited = || {
+        loop {
+            match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG) {
+                Ok(WaitStatus::StillAlive) => return Ok(false),
+                Ok(_) => return Ok(true),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(std::io::Error::from(e)),
+            }
+        }
+    };
+    let exited_fd = exit_fd(pid.as_raw());
     let mut pipes = [child.stdout.take().map(ChildOutput::Out), child.stderr.take().map(ChildOutput::Err)];
+    for p in pipes.iter().flatten() {
+        let _ = fcntl(p, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+    }
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let mut chunk = vec![0u8; 64 * 1024];
-    while pipes.iter().any(Option::is_some) {
+    // Everything there is to read now, from every pipe still open.
+    let mut drain = |pipes: &mut [Option<ChildOutput>; 2]| -> Result<(), Collected> {
+        for slot in pipes.iter_mut() {
+            while let Some(pipe) = slot {
+                let (n, buf) = match pipe {
+                    ChildOutput::Out(p) => (p.read(&mut chunk), &mut stdout),
+                    ChildOutput::Err(p) => (p.read(&mut chunk), &mut stderr),
+                };
+                match n {
+                    Ok(0) => *slot = None,
+                    Ok(n) if buf.len() + n > OUTPUT_MAX => return Err(Collected::TooMuch),
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Collected::Failed(e)),
+                }
+            }
+        }
+        Ok(())
+    };
+    let mut exited = false;
+    while pipes.iter().any(Option::is_some) && !exited {
         let left = deadline.remaining();
         if left.is_zero() {
             return give_up(&mut child, Collected::TimedOut);
         }
-        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
-        let ready: Vec<bool> = {
-            let open: Vec<&ChildOutput> = pipes.iter().flatten().collect();
-            let mut fds: Vec<PollFd> = open.iter().map(|p| PollFd::new(p.as_fd(), PollFlags::POLLIN)).collect();
-            match poll(&mut fds, timeout) {
-                Ok(_) => fds.iter().map(|f| f.revents().is_some_and(|r| !r.is_empty())).collect(),
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return give_up(&mut child, Collected::Failed(e.into())),
-            }
+        let wait = match exited_fd {
+            Some(_) => left,
+            None => left.min(std::time::Duration::from_millis(20)),
         };
-        let mut ready = ready.into_iter();
-        for slot in pipes.iter_mut() {
-            let Some(pipe) = slot else { continue };
-            if !ready.next().unwrap_or(false) {
-                continue;
+        let polled = {
+            let mut fds: Vec<PollFd> =
+                pipes.iter().flatten().map(|p| PollFd::new(p.as_fd(), PollFlags::POLLIN)).collect();
+            if let Some(fd) = &exited_fd {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
             }
-            let (n, buf) = match pipe {
-                ChildOutput::Out(p) => (p.read(&mut chunk), &mut stdout),
-                ChildOutput::Err(p) => (p.read(&mut chunk), &mut stderr),
-            };
-            match n {
-                Ok(0) => *slot = None,
-                Ok(n) if buf.len() + n > OUTPUT_MAX => return give_up(&mut child, Collected::TooMuch),
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return give_up(&mut child, Collected::Failed(e)),
-            }
+            poll(&mut fds, PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX))
+        };
+        match polled {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return give_up(&mut child, Collected::Failed(e.into())),
         }
+        if let Err(why) = drain(&mut pipes) {
+            return give_up(&mut child, why);
+        }
+        exited = match has_exited() {
+            Ok(e) => e,
+            Err(e) => return give_up(&mut child, Collected::Failed(e)),
+        };
     }
-    // Both pipes closed: it has exited, or soon will (or hangs with them closed).
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    if exited && let Err(why) = drain(&mut pipes) {
+        return give_up(&mut child, why);
+    }
+    drop(pipes);
+    // Both pipes closed, or it exited: wait for its end (it may hang with its pipes closed).
     let mut pause = std::time::Duration::from_micros(100);
     loop {
-        match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG) {
-            Ok(WaitStatus::StillAlive) => {}
-            Ok(_) => break,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return give_up(&mut child, Collected::Failed(e.into())),
+        match has_exited() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => return give_up(&mut child, Collected::Failed(e)),
         }
         let left = deadline.remaining();
         if left.is_zero() {
@@ -403,16 +449,22 @@ pub enum IpamStep {
     Ran,
 }
 
+/// `env` with a deadline that leaves time for undoing what is run with it.
+fn keeping_for_undo(env: &CniEnv) -> CniEnv {
+    CniEnv { deadline: env.deadline.keeping_for_undo(), ..env.clone() }
+}
+
 /// IPAM types that need the interface to exist under `CNI_IFNAME` when they run.
 const IPAM_NEEDING_THE_INTERFACE: &[&str] = &["dhcp"];
 
 impl IpamStep {
-    /// Start the IPAM ADD now when it can run ahead of the interface.
+    /// Start the IPAM ADD now when it can run ahead of the interface. It is given the
+    /// request's deadline less the time its undo (an IPAM DEL) keeps back.
     pub fn start_early(req_env: &CniEnv, config: &crate::NetConf) -> Result<IpamStep, Error> {
         match config.ipam_type() {
             None => Ok(IpamStep::None),
             Some(t) if IPAM_NEEDING_THE_INTERFACE.contains(&t) => Ok(IpamStep::Pending(t.to_string())),
-            Some(t) => Ok(IpamStep::Running(spawn(t, Command::Add, req_env, &config.to_value())?)),
+            Some(t) => Ok(IpamStep::Running(spawn(t, Command::Add, &keeping_for_undo(req_env), &config.to_value())?)),
         }
     }
 
@@ -423,7 +475,7 @@ impl IpamStep {
                 *self = IpamStep::None;
                 return Ok(CniResult::default());
             }
-            IpamStep::Pending(t) => exec(&t, Command::Add, env, &config.to_value()),
+            IpamStep::Pending(t) => exec(&t, Command::Add, &keeping_for_undo(env), &config.to_value()),
             IpamStep::Running(r) => r.wait(),
             IpamStep::Ran => return Err(Error::internal("IPAM result collected twice")),
         };

@@ -7,6 +7,8 @@
 //! - `PLEXUS_FAULT=<binary>:<n>` — the n-th point (counted from 1, every kind together) that the
 //!   process named `<binary>` passes fails with an error naming it;
 //! - `PLEXUS_FAULT=<binary>:<n>:kill` — the process kills itself there with `SIGKILL`;
+//! - `PLEXUS_FAULT=<binary>:<n>:spin` — the thread there spins forever, heeding no deadline (a
+//!   bug that loops: what plexus-daemon must survive in an in-process delegate);
 //! - `PLEXUS_FAULT_LOG=<file>` — every point passed appends `<binary> <n> <kind>` to the file, so
 //!   a test knows how many points an operation has.
 //!
@@ -60,9 +62,15 @@ pub fn at(point: Point) -> Result<(), Injected> {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    #[derive(Clone, Copy, PartialEq)]
+    enum How {
+        Fail,
+        Kill,
+        Spin,
+    }
     struct Plan {
         name: String,
-        fail_at: Option<(usize, bool)>,
+        fail_at: Option<(usize, How)>,
         log: Option<std::path::PathBuf>,
     }
     static PLAN: OnceLock<Plan> = OnceLock::new();
@@ -77,7 +85,12 @@ pub fn at(point: Point) -> Result<(), Injected> {
             let mut parts = spec.split(':');
             (parts.next()? == name).then_some(())?;
             let n = parts.next()?.parse().ok()?;
-            Some((n, parts.next() == Some("kill")))
+            let how = match parts.next() {
+                Some("kill") => How::Kill,
+                Some("spin") => How::Spin,
+                _ => How::Fail,
+            };
+            Some((n, how))
         });
         Plan { name, fail_at, log: std::env::var_os("PLEXUS_FAULT_LOG").map(Into::into) }
     });
@@ -91,9 +104,15 @@ pub fn at(point: Point) -> Result<(), Injected> {
         let _ = writeln!(f, "{} {n} {point:?}", plan.name);
     }
     match plan.fail_at {
-        Some((at, kill)) if at == n => {
-            if kill {
-                let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
+        Some((at, how)) if at == n => {
+            match how {
+                How::Kill => {
+                    let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
+                }
+                How::Spin => loop {
+                    std::hint::spin_loop();
+                },
+                How::Fail => {}
             }
             Err(Injected { point, n })
         }

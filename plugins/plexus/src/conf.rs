@@ -141,10 +141,10 @@ impl MetaConf {
         }
     }
 
-    /// Wait for the readiness indicator file (ADD); DEL does not wait.
-    pub fn wait_ready(&self) -> Result<(), Error> {
+    /// Wait for the readiness indicator file (ADD), at most until the request's deadline; DEL does not wait.
+    pub fn wait_ready(&self, request: plexus_cni::Deadline) -> Result<(), Error> {
         let Some(file) = &self.readiness_indicator_file else { return Ok(()) };
-        let deadline = std::time::Instant::now() + READINESS_WAIT;
+        let deadline = request.within(READINESS_WAIT).instant();
         while !file.exists() {
             if std::time::Instant::now() >= deadline {
                 return Err(Error::try_again_later(format!(

@@ -436,7 +436,7 @@ impl Plugin for Meta {
         if let Some(stdout) = self.via_daemon(req, &conf)? {
             return CniResult::parse(stdout.as_bytes());
         }
-        conf.wait_ready()?;
+        conf.wait_ready(req.env.deadline)?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let cluster = cluster(&conf, self.view.as_ref())?;
@@ -459,6 +459,8 @@ impl Plugin for Meta {
         cache::save(&cache_path, &state)?;
         let mut undo = Undo::new();
         undo.push(Step::Cache(cache_path.clone()));
+        // The delegates' ADDs end early enough for their DELs (a rollback) to run in what is left.
+        let add_env = CniEnv { deadline: base.deadline.keeping_for_undo(), ..base.clone() };
         let mut results = Vec::new();
         let attached = (|| {
             // One result record at a time in the cache file.
@@ -469,7 +471,7 @@ impl Plugin for Meta {
                 // A device-info file that cannot be placed or a result the cache cannot record is a
                 // failed ADD too.
                 copy_device_info(a)
-                    .and_then(|()| observed(Command::Add, a, &base, || a.add(&base)))
+                    .and_then(|()| observed(Command::Add, a, &add_env, || a.add(&add_env)))
                     .and_then(|(result, raw)| {
                         let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                         cache::record_result(&cache_path, i, &raw).map(|()| (result, raw))

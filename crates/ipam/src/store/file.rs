@@ -468,6 +468,8 @@ impl Store for FileStore {
                 return Err(e);
             }
         };
+        let owner = &req.owner;
+        let fresh = domain.read_record(&domain.record_path(&owner.container_id, &owner.ifname))?.is_none();
         match domain.allocate_locked(req) {
             Ok((ips, touched)) => {
                 domain.unlock();
@@ -475,7 +477,12 @@ impl Store for FileStore {
                 Ok(ips)
             }
             Err(e) => {
-                // A failed ADD leaves no domain (or directory) it made.
+                // A failed ADD holds nothing: what this one wrote goes (an attachment that held
+                // addresses before keeps them: its runtime DELs it), and so does a domain or a
+                // directory it made.
+                if fresh && let Err(undo) = domain.release_locked(&owner.container_id, &owner.ifname) {
+                    tracing::warn!("undoing the failed ADD: {undo} (the runtime's DEL releases it)");
+                }
                 self.retire(domain);
                 Err(e)
             }

@@ -49,6 +49,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// The largest offset whereabouts can read back (int64): ranges of this store are capped here.
 pub const MAX_OFFSET: u128 = i64::MAX as u128;
 const JSON_PATCH: &str = "application/json-patch+json";
+/// A list answered with the objects' metadata only (the pool cap counts names).
+const ACCEPT_METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
 const JSON: &str = "application/json";
 /// How often an ADD waiting in the spool looks for its answer or a free turn: at first, and at
 /// most (it backs off while the turn stays taken).
@@ -79,10 +81,11 @@ enum Read {
     Cached,
 }
 
-/// Code 11 once an ADD's or DEL's deadline has passed with nothing committed in `range`.
+/// Code 11 once an ADD's or DEL's deadline (at most [`DEADLINE`], the request's if sooner) has
+/// passed with nothing committed in `range`.
 fn not_past(deadline: Instant, range: &IpRange) -> Result<(), IpamError> {
     if Instant::now() >= deadline {
-        return Err(unavailable(format!("nothing committed in range {} within {DEADLINE:?}", range.network)));
+        return Err(unavailable(format!("nothing committed in range {} by this request's deadline", range.network)));
     }
     Ok(())
 }
@@ -384,8 +387,18 @@ impl KubernetesStore {
     fn refuse_past_pool_limit(&self, name: &str) -> Result<(), IpamError> {
         let what = format!("list ippools {}", self.namespace);
         let path = format!("{}?limit={}", self.path("ippools", None), self.max_pools);
-        let Reply::Ok(list) = self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? else {
-            return Ok(());
+        let listed = self.api.send_accepting(&what, Method::GET, &path, JSON, ACCEPT_METADATA_LIST, None);
+        let list = match listed {
+            Ok(Reply::Ok(list)) => list,
+            Ok(_) => return Ok(()),
+            // Without the count the bound cannot hold: no pool is made (a clear refusal, not a retry).
+            Err(plexus_k8s::K8sError::Refused(e)) => {
+                return Err(IpamError::Refused(format!(
+                    "IPPool {name} not created: counting the namespace's IPPools (limits.kubernetesPools): {e}; the \
+                     node's RBAC needs \"list\" on ippools (conf-examples/deploy/rbac-ipam-kubernetes.yaml)"
+                )));
+            }
+            Err(e) => return Err(unavailable(e)),
         };
         let listed = list.get("items").and_then(Value::as_array).map_or(0, Vec::len);
         let more = list.pointer("/metadata/continue").and_then(Value::as_str).is_some_and(|c| !c.is_empty());

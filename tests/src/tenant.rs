@@ -1,0 +1,156 @@
+//! The tenant attacks' node: one "RoCE port" pair, a pod, and a temp dir holding NADs (from files,
+//! as `nadDir`), the meta cache, spy delegates and victim files; plexus run the way a runtime runs
+//! it, and delegates run directly the way Multus would. `tests/tests/trust_boundary.rs` and
+//! `tests/tests/tenant_isolation.rs` mount their attacks on it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::{DataDir, Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, write_policy};
+
+/// The directory of the plugins under test.
+pub fn bin_dir() -> PathBuf {
+    plugin_bin("plexus").parent().unwrap().to_path_buf()
+}
+
+/// A node with one "RoCE port", a pod, and a temp dir holding NADs, the meta cache, IPAM data,
+/// spy delegates and victim files.
+pub struct Node {
+    pub lab: Lab,
+    pub dir: tempfile::TempDir,
+    /// plexus-ipam's data directory (a direct child of the data root, as the policy wants).
+    pub ipam: DataDir,
+    pub policy: PathBuf,
+}
+
+impl Default for Node {
+    fn default() -> Node {
+        Node::with_policy(json!({}))
+    }
+}
+
+impl Node {
+    pub fn new() -> Node {
+        Node::default()
+    }
+
+    /// A node whose policy is the tests' (temp dirs are data roots) plus `extra`.
+    pub fn with_policy(extra: Value) -> Node {
+        let lab = Lab::new();
+        lab.add_nic("nic0", 9000);
+        lab.add_nic("nic1", 9000);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("nads")).unwrap();
+        std::fs::create_dir_all(dir.path().join("spies")).unwrap();
+        let mut policy = json!({"dataRoots": [std::env::temp_dir()]});
+        policy.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let policy = write_policy(dir.path(), "policy.json", &policy);
+        Node { lab, dir, ipam: DataDir::new("ipam"), policy }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn nad(&self, name: &str, config: &Value) {
+        self.nad_with(name, config, "");
+    }
+
+    pub fn nad_with(&self, name: &str, config: &Value, annotations: &str) {
+        let yaml = format!(
+            "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: {name}\n  namespace: default\n{annotations}spec:\n  config: '{config}'\n"
+        );
+        std::fs::write(self.path("nads").join(format!("{name}.yaml")), yaml).unwrap();
+    }
+
+    pub fn macvlan_nad(&self, name: &str, master: &str, range: &str, extra: Value) {
+        let mut c = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": master,
+            "ipam": {"type": "plexus-ipam", "range": range, "dataDir": self.ipam}});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        self.nad(name, &c);
+    }
+
+    /// A delegate that records each call (`<ifname>.<verb>.json`: its config) and succeeds.
+    pub fn spy(&self, name: &str) {
+        let spy = self.path("spies").join(name);
+        let d = self.path("spies");
+        std::fs::write(
+            &spy,
+            format!(
+                "#!/bin/sh\ncat > {d}/$CNI_IFNAME.$CNI_COMMAND.json\n[ \"$CNI_COMMAND\" = ADD ] && echo '{{\"cniVersion\":\"1.0.0\"}}'\nexit 0\n",
+                d = d.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&spy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    pub fn spied(&self, ifname: &str, verb: &str) -> Option<Value> {
+        let f = self.path("spies").join(format!("{ifname}.{verb}.json"));
+        std::fs::read(f).ok().map(|b| serde_json::from_slice(&b).unwrap())
+    }
+
+    pub fn meta(&self, networks: &str) -> Value {
+        json!({"cniVersion": "1.1.0", "name": "plexus", "type": "plexus", "nadDir": self.path("nads"),
+               "networks": networks, "cniDir": self.path("cache"), "binDir": bin_dir()})
+    }
+
+    pub fn cni_path(&self) -> String {
+        format!("{}:{}:{REFERENCE_CNI_DIR}", self.path("spies").display(), bin_dir().display())
+    }
+
+    pub fn plexus(&self, verb: &str, c: &Value) -> Outcome {
+        self.plexus_with(verb, c, |r| r)
+    }
+
+    pub fn plexus_with(&self, verb: &str, c: &Value, f: impl Fn(PluginRun) -> PluginRun) -> Outcome {
+        f(PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &self.lab.pod.path(), "eth0", &self.cni_path())
+            .env("PLEXUS_POLICY", self.policy.to_str().unwrap())
+            .stdin(c)
+            .in_netns(&self.lab.node))
+        .run()
+    }
+
+    /// A delegate run directly, as Multus runs it.
+    pub fn direct(&self, plugin: &str, verb: &str, c: &Value) -> Outcome {
+        self.direct_with(plugin, verb, c, |r| r)
+    }
+
+    pub fn direct_with(&self, plugin: &str, verb: &str, c: &Value, f: impl Fn(PluginRun) -> PluginRun) -> Outcome {
+        f(PluginRun::new(plugin_bin(plugin), verb)
+            .attachment("c1", &self.lab.pod.path(), "net1", &self.cni_path())
+            .env("PLEXUS_POLICY", self.policy.to_str().unwrap())
+            .stdin(c)
+            .in_netns(&self.lab.node))
+        .run()
+    }
+
+    pub fn pod_links(&self) -> Vec<String> {
+        self.lab.pod.links().into_iter().map(|l| l.ifname).collect()
+    }
+
+    pub fn held(&self) -> usize {
+        std::fs::read_dir(self.ipam.path().join("default/ips")).map(|d| d.count()).unwrap_or(0)
+    }
+
+    /// A file a tenant would like root to overwrite, append to, delete or send.
+    pub fn victim(&self, name: &str) -> PathBuf {
+        let v = self.path(name);
+        std::fs::write(&v, b"keep").unwrap();
+        v
+    }
+}
+
+pub fn assert_untouched(victim: &Path) {
+    assert_eq!(std::fs::read(victim).unwrap_or_default(), b"keep", "{} was touched", victim.display());
+}
+
+pub fn macvlan_conf(node: &Node, extra: Value) -> Value {
+    let mut c = json!({"cniVersion": "1.0.0", "name": "rail0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.40.0/24", "dataDir": node.ipam}});
+    c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    c
+}
