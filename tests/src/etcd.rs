@@ -14,9 +14,12 @@ pub struct Etcd {
     peer_port: u16,
 }
 
-/// A port free on the host's loopback; the namespace's loopback is empty, so it is free there too.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// Two distinct ports free on the host's loopback; the namespace's loopback is empty, so they are
+/// free there too. Both listeners are held until both are chosen: one dropped first could be
+/// handed out again as the second (etcd then fails to bind its peer port).
+fn free_ports() -> (u16, u16) {
+    let (a, b) = (TcpListener::bind("127.0.0.1:0").unwrap(), TcpListener::bind("127.0.0.1:0").unwrap());
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
 }
 
 impl Etcd {
@@ -26,13 +29,9 @@ impl Etcd {
             std::path::Path::new("/usr/bin/etcd").exists(),
             "etcd missing: install Debian's etcd-server (scripts/test.sh does)"
         );
-        let mut e = Etcd {
-            netns: netns.path(),
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-            client_port: free_port(),
-            peer_port: free_port(),
-        };
+        let (client_port, peer_port) = free_ports();
+        let mut e =
+            Etcd { netns: netns.path(), child: None, dir: tempfile::tempdir().unwrap(), client_port, peer_port };
         e.launch();
         e
     }

@@ -384,6 +384,15 @@ fn nothing_a_config_makes_outlives_its_attachments() {
     let want = |r: PluginRun| r.env("CNI_CONTAINERID", "c9").env("CNI_ARGS", "IP=198.18.50.1");
     assert_eq!(n.direct_with("plexus-ipam", "ADD", c2, want).error().0, 111, "held by c1");
     assert_eq!(held.entries(), ["net-0"], "the failed ADD took nothing of the store it shares");
+    // plexus-host-device's state directory too.
+    let state = DataDir::new("state");
+    let hd = json!({"cniVersion": "1.0.0", "name": "rail1", "type": "plexus-host-device", "device": "nic1",
+                    "dataDir": state});
+    let out = n.direct("plexus-host-device", "ADD", &hd);
+    assert!(out.success(), "{}", out.stdout);
+    assert_eq!(state.entries(), ["c1=net1"]);
+    assert!(n.direct("plexus-host-device", "DEL", &hd).success());
+    assert!(n.lab.node.link("nic1").is_some() && !state.path().exists(), "the device back, the directory gone");
     // DEL and GC: each directory goes with its last attachment.
     let (first, rest) = rails.split_first().unwrap();
     assert!(n.direct("plexus-ipam", "DEL", &first.1).success());

@@ -38,6 +38,8 @@ pub struct EtcdStore {
     root: String,
     timeout: Duration,
     block_size: u128,
+    /// The request's deadline: every walk over a range's blocks or addresses ends there.
+    request: plexus_cni::Deadline,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
@@ -45,7 +47,7 @@ fn unavailable(e: impl std::fmt::Display) -> IpamError {
 }
 
 impl EtcdStore {
-    pub fn connect(cfg: &EtcdConfig, domain: &str) -> Result<EtcdStore, IpamError> {
+    pub fn connect(cfg: &EtcdConfig, domain: &str, request: plexus_cni::Deadline) -> Result<EtcdStore, IpamError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -82,7 +84,7 @@ impl EtcdStore {
             .map_err(|_| unavailable(format!("connecting to etcd {:?} timed out after {timeout:?}", cfg.endpoints)))?
             .map_err(|e| unavailable(format!("connecting to etcd {:?}: {e}", cfg.endpoints)))?;
         let root = format!("{}/{domain}", cfg.prefix.trim_end_matches('/'));
-        Ok(EtcdStore { rt, client, root, timeout, block_size: u128::from(cfg.block_size) })
+        Ok(EtcdStore { rt, client, root, timeout, block_size: u128::from(cfg.block_size), request })
     }
 
     fn ip_key(&self, ip: IpAddr, range: &str, overlapping: bool) -> String {
@@ -197,6 +199,7 @@ impl EtcdStore {
         let mut tried = 0u128;
         let mut b = start;
         while tried < n_blocks.min(4096) {
+            self.not_past(range)?;
             if !blocks.contains_key(&b) {
                 let bkey = format!("{}{b}", self.block_prefix(range));
                 let won = self
@@ -217,6 +220,7 @@ impl EtcdStore {
         }
         // Every block is someone's: any free address will do (address keys keep it unique).
         for c in Candidates::after(range, cursor) {
+            self.not_past(range)?;
             let ip = range.addr(c);
             if skip.contains(&ip) {
                 continue;
@@ -380,7 +384,18 @@ impl EtcdStore {
     }
 
     fn deadline(&self) -> Instant {
-        Instant::now() + self.timeout * 5
+        self.request.within(self.timeout * 5).instant()
+    }
+
+    /// Code 11 once the request's deadline passed while walking `range` (a wide range whose
+    /// blocks or addresses are mostly taken is walked one key at a time).
+    fn not_past(&self, range: &IpRange) -> Result<(), IpamError> {
+        match self.request.passed() {
+            true => {
+                Err(unavailable(format!("etcd: no free address of {} found by this request's deadline", range.key())))
+            }
+            false => Ok(()),
+        }
     }
 }
 

@@ -64,7 +64,7 @@ pub fn open(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamEr
             let data = data_dir(dir, key.as_deref(), cx, true)?.expect("created");
             Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?)
         }
-        StoreConfig::Etcd(etcd) => Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?),
+        StoreConfig::Etcd(etcd) => Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain, cx.deadline)?),
         StoreConfig::Kubernetes(k) => {
             Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges, cx.deadline)?)
         }
@@ -79,7 +79,7 @@ pub fn open_for_release(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Option<Box
             Some(data) => Some(Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?)),
             None => None,
         },
-        StoreConfig::Etcd(etcd) => Some(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain)?)),
+        StoreConfig::Etcd(etcd) => Some(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain, cx.deadline)?)),
         StoreConfig::Kubernetes(k) => Some(Box::new(kubernetes::KubernetesStore::connect(
             k,
             &cfg.domain,
