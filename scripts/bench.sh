@@ -148,6 +148,12 @@ echo "== ipam (file store vs host-local)"
 rm -rf "$work"/{ours,hl}-{single,conc}   # a reused BENCH_WORK starts from empty pools
 ipam_conf single plexus-ipam 198.18.0.0/24 "$work/ours-single" > "$work/ipam-ours.json"
 ipam_conf single host-local 198.18.0.0/24 "$work/hl-single" > "$work/ipam-hl.json"
+# One resident attachment in each store, as on a node where other pods hold addresses: plexus-ipam
+# removes a store that holds nothing, so without one every timed ADD would make its store anew.
+for plugin in "$BIN/plexus-ipam:$work/ipam-ours.json" "$REF/host-local:$work/ipam-hl.json"; do
+  ip netns exec "$node" env CNI_COMMAND=ADD CNI_CONTAINERID=resident CNI_NETNS="/run/netns/$pod" CNI_IFNAME=net1 \
+    CNI_PATH="$BIN:$REF" "${plugin%%:*}" < "${plugin#*:}" > /dev/null
+done
 hf ipam-add env CNI_COMMAND=ADD "$HF" -N --runs "$RUNS" --warmup "$WARMUP" --export-json "$work/ipam-add.json" \
   --input "$work/ipam-ours.json" \
   --prepare "sh -c 'CNI_COMMAND=DEL $BIN/plexus-ipam < $work/ipam-ours.json'" -n plexus-ipam "$BIN/plexus-ipam"

@@ -71,7 +71,10 @@ if has("ipam-add") and has("ipam-curve-ours-90") and has("ipam-etcd"):  # sectio
         ("… ADD phase", co["count"] / co["add"]["seconds"], "host-local", ch["count"] / ch["add"]["seconds"], "ops/s", "—"),
         ("… DEL phase", co["count"] / co["del"]["seconds"], "host-local", ch["count"] / ch["del"]["seconds"], "ops/s", "—"),
     ])
-    print(f"Distinct addresses from the 512 concurrent ADDs: plexus {co['distinct']}, host-local {ch['distinct']}.\n")
+    print(f"Distinct addresses from the 512 concurrent ADDs: plexus {co['distinct']}, host-local {ch['distinct']}.")
+    print("The single ADD is timed with one resident attachment in each store, as on a node where other pods")
+    print("hold addresses (plexus-ipam removes a store, or a domain, that holds nothing: the concurrent runs")
+    print("start each phase from none).\n")
     print("Allocation time (median single ADD, 100 runs) as the pool fills — plexus-ipam on a /16 (65534")
     print("addresses), host-local on a /20 (4094: its ADD scans every allocation file, so a /16 is out of reach):\n")
     print("| fill | plexus-ipam, /16 (ms) | × its 10 % time | host-local, /20 (ms) | × its 10 % time |")
