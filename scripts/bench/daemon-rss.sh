@@ -85,9 +85,12 @@ for i in range(pods):
                                           "command": ["python", "train.py", "--rank", str(i % 8)],
                                           "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
                                           "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
+# The namespaces and their ServiceAccounts first, in a file of their own (created before the rest).
+with open(os.path.join(d, "00000.json"), "w") as f:
+    json.dump({"apiVersion": "v1", "kind": "List", "items": docs[:20]}, f)
 per_file = 4 if pad_kib else 1000
-for n in range(0, len(docs), per_file):
-    with open(os.path.join(d, f"{n // per_file:05}.json"), "w") as f:
+for n in range(20, len(docs), per_file):
+    with open(os.path.join(d, f"{1 + (n - 20) // per_file:05}.json"), "w") as f:
         json.dump({"apiVersion": "v1", "kind": "List", "items": docs[n:n + per_file]}, f)
 PY
 k create -f "$(ls "$work/objects"/*.json | head -1)" > /dev/null
