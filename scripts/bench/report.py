@@ -202,7 +202,7 @@ if has("daemon-hostile"):
     print(f"whose configs are {d['nad_kib']:,} KiB each (just under etcd's request limit; {d['nads'] * d['nad_kib'] / 1024:.0f} MiB in all),")
     print("created through the real kube-apiserver of `scripts/cluster.sh`, each daemon alone on the node as in")
     print("the section above. plexus-daemon keeps no config above the policy's `limits.nadConfigBytes` (64 KiB):")
-    print("it drops one while decoding it and lists NADs 25 at a time. Then")
+    print("it drops one while decoding it and lists NADs 10 at a time. Then")
     print(f"{f['sent']['requests']:,} requests through the `plexus` shim, each naming a delegate type nobody installed, every")
     print(f"type and network name distinct (`scripts/bench/type_flood.py`, {f['sent']['seconds']:.0f} s; every one failed with")
     print("code 100, as it should): delegate types are labels only as installed plugins, networks up to 512.\n")
