@@ -32,7 +32,8 @@ REF=/usr/lib/cni
 
 # SECTIONS picks sections (default: all); BENCH_WORK keeps results in (and reuses) a directory, so
 # a later run can add sections to the same report.
-# "fuzz" (every fuzz target to 10 million executions: hours) runs only when named.
+# "fuzz" (every fuzz target to 10 million executions: hours) runs only when named, and "ab" (this
+# build against an earlier one, AB_OLD: a commit or a directory of its shipped build) too.
 SECTIONS=${SECTIONS:-macvlan ipam fill etcd hostdev meta rails cluster daemon soak}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 work=${BENCH_WORK:-$(mktemp -d)}
@@ -412,6 +413,20 @@ echo "== plexus-daemon under what tenants may write: 200 NADs of 1.4 MiB, 10,000
 NADS=200 PODS=0 NAD_KIB=1434 FLOOD=10000 NAME=daemon-hostile bash scripts/bench/daemon-rss.sh "$work"
 echo "== a burst of pods through plexus-daemon in a memory cgroup with the DaemonSet's limit (scripts/bench/daemon-burst.sh)"
 bash scripts/bench/daemon-burst.sh "$work" "$BIN"
+fi
+
+if want ab && [ -n "${AB_OLD:-}" ]; then
+echo "== this build against $AB_OLD on the single-ADD paths, alternated (scripts/bench/ab.sh)"
+# AB_OLD: a commit (its shipped build is made in a worktree of its own), or a directory holding
+# an earlier shipped build.
+old_bin=$AB_OLD
+if [ ! -d "$old_bin" ]; then
+  git worktree add -f "$work/ab-old" "$AB_OLD" > /dev/null
+  old_bin=$(cd "$work/ab-old" && bash scripts/build-release.sh)
+fi
+bash scripts/bench/ab.sh "$old_bin" "$BIN" "$work" "$RUNS"
+echo "{\"old\": \"$(git -C "${old_bin%/target/*}" rev-parse --short HEAD 2> /dev/null || echo "$AB_OLD")\", \"new\": \"$(git rev-parse --short HEAD)\"}" > "$work/ab.json"
+[ -d "$work/ab-old" ] && git worktree remove -f "$work/ab-old"
 fi
 
 if want soak; then

@@ -193,6 +193,25 @@ if has("daemon-rss"):
     print(f"| Multus thick (multus-daemon) | {m['rss_kib']/1024:.1f} MiB | {m['hwm_kib']/1024:.1f} MiB | the same objects | |")
     print(f"| **plexus / Multus thick** | **{p['rss_kib']/m['rss_kib']:.2f}** | {p['hwm_kib']/m['hwm_kib']:.2f} | | |")
 
+if has("ab"):
+    ab = load("ab")
+    print(f"\n## What the bounds cost: this build against {ab['old']} (issue 35)\n")
+    print(f"`SECTIONS=ab AB_OLD={ab['old']} scripts/bench.sh` (`scripts/bench/ab.sh`): both builds' single ADDs on the same")
+    print("node, timed in alternation run after run (a drift of the machine falls on both alike); the paired")
+    print(f"difference is the median of new minus old over the {load('ab-meta')['runs']} pairs.\n")
+    print(f"| ADD | {ab['old']} (ms) | {ab['new']} (ms) | new / old | paired difference (ms) |")
+    print("|---|---:|---:|---:|---:|")
+    for case, what in [("macvlan-l2", "plexus-macvlan, L2 only"),
+                       ("macvlan-static", "plexus-macvlan + reference static IPAM (a delegate process)"),
+                       ("ipam", "plexus-ipam, file store (one resident attachment)"),
+                       ("meta", "plexus, a plexus-macvlan NAD from nadDir"),
+                       ("daemon", "plexus shim + plexus-daemon, the same NAD (delegate in-process)")]:
+        if not has(f"ab-{case}"):
+            continue
+        r = load(f"ab-{case}")
+        o, n = r["median_ms"]["old"], r["median_ms"]["new"]
+        print(f"| {what} | {o:.2f} | {n:.2f} | {n / o:.2f} | {r['paired_difference_ms']:+.2f} |")
+
 if has("daemon-hostile"):
     d = load("daemon-hostile")
     p, m, f = d["plexus"], d["multus"], d["flood"]

@@ -17,8 +17,20 @@ fn short_limits() -> Value {
 }
 
 /// Processes still running for pod `netns` (`CNI_NETNS=<it>` in their environment): a delegate,
-/// or anything a delegate left.
+/// or anything a delegate left. A process killed a moment ago may still be on its way out
+/// (SIGKILL is delivered, not waited for): looked for again for up to a second.
 fn processes_of(netns: &Path) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let left = processes_now(netns);
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn processes_now(netns: &Path) -> Vec<String> {
     let needle = format!("CNI_NETNS={}\0", netns.display());
     std::fs::read_dir("/proc")
         .unwrap()

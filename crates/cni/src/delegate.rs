@@ -399,7 +399,8 @@ fn collect(mut child: Child, deadline: crate::Deadline) -> Result<std::process::
         return give_up(&mut child, why);
     }
     drop(pipes);
-    // Both pipes closed, or it exited: wait for its end (it may hang with its pipes closed).
+    // Both pipes closed, or it exited: wait for its end (it may hang with its pipes closed): on
+    // its exit descriptor, or looking every few milliseconds where there is none.
     let mut pause = std::time::Duration::from_micros(100);
     loop {
         match has_exited() {
@@ -411,8 +412,16 @@ fn collect(mut child: Child, deadline: crate::Deadline) -> Result<std::process::
         if left.is_zero() {
             return give_up(&mut child, Collected::TimedOut);
         }
-        std::thread::sleep(pause.min(left));
-        pause = (pause * 2).min(std::time::Duration::from_millis(10));
+        match &exited_fd {
+            Some(fd) => {
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX));
+            }
+            None => {
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(std::time::Duration::from_millis(10));
+            }
+        }
     }
     kill_group(&child);
     let status = child.wait().map_err(Collected::Failed)?;

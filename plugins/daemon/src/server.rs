@@ -2,7 +2,7 @@
 //! `max_concurrent` requests running and `max_queued` more waiting, every request run by the
 //! meta-plugin's own entry point on a thread of its own (as the `plexus` binary would run it).
 
-use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -28,6 +28,8 @@ pub struct Daemon {
     pending: AtomicUsize,
     idle: Notify,
     pub stopping: AtomicBool,
+    /// The requests running, for the watchdog ([`watch`]).
+    running_slots: std::sync::Mutex<Vec<Arc<Slot>>>,
 }
 
 impl Daemon {
@@ -41,6 +43,7 @@ impl Daemon {
             pending: AtomicUsize::new(0),
             idle: Notify::new(),
             stopping: AtomicBool::new(false),
+            running_slots: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -105,6 +108,7 @@ pub async fn serve(
     grace: Duration,
 ) -> tokio::time::Instant {
     tokio::pin!(stop);
+    let watchdog = tokio::spawn(watch(daemon.clone()));
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -132,7 +136,33 @@ pub async fn serve(
         0 => tracing::info!("every request answered"),
         left => tracing::error!(left, "grace period over with requests still running"),
     }
+    watchdog.abort();
     stopped
+}
+
+/// How often the watchdog looks for requests past their deadline.
+const WATCH_EVERY: Duration = Duration::from_millis(200);
+
+/// The watchdog: every [`WATCH_EVERY`], each request still running [`wire::OVERRUN_GRACE`] past
+/// its deadline is answered and gives its slot back ([`Slot::overrun`]). One task for every
+/// request: a request only enters a list and leaves it (no task, timer or wake-up of its own on
+/// its way).
+async fn watch(daemon: Arc<Daemon>) {
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let overrun: Vec<Arc<Slot>> = {
+            let mut running = daemon.running_slots.lock().unwrap_or_else(|p| p.into_inner());
+            let (due, rest): (Vec<_>, Vec<_>) = running.drain(..).partition(|s| s.due <= now);
+            *running = rest;
+            due
+        };
+        for slot in overrun {
+            slot.overrun(&daemon);
+        }
+    }
 }
 
 async fn not_taken(stream: &mut UnixStream, why: &str) {
@@ -205,30 +235,22 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     request.env.insert(plexus_cni::deadline::DEADLINE_ENV.into(), deadline.to_env());
     let Ok(permit) = daemon.running.clone().acquire_owned().await else { return };
     let started = Instant::now();
-    let slot = Arc::new(Slot { held: std::sync::Mutex::new(Some((permit, pending))) });
-    let watchdog = match stream.get_ref().as_fd().try_clone_to_owned() {
-        Ok(fd) => {
-            let (slot, daemon, command) = (slot.clone(), daemon.clone(), command.clone());
-            let at = tokio::time::Instant::from_std(deadline.instant() + wire::OVERRUN_GRACE);
-            Some(tokio::spawn(async move {
-                tokio::time::sleep_until(at).await;
-                slot.overrun(&daemon, &command, deadline, started, std::os::unix::net::UnixStream::from(fd));
-            }))
-        }
-        Err(e) => {
-            tracing::warn!("no watchdog for this request (duplicating its socket: {e})");
-            None
-        }
-    };
+    let slot = Arc::new(Slot {
+        held: std::sync::Mutex::new(Some((permit, pending))),
+        due: deadline.instant() + wire::OVERRUN_GRACE,
+        deadline,
+        started,
+        command: command.clone(),
+        socket: stream.get_ref().as_raw_fd(),
+    });
+    daemon.running_slots.lock().unwrap_or_else(|p| p.into_inner()).push(slot.clone());
     // On this worker's thread, which hands its other tasks to another thread meanwhile: the
     // request runs where its connection was read, with no hand-over to a thread of the blocking
     // pool and back (each a wake-up on the way of every request). Exec'd delegates die with the
     // thread that started them, and this thread only ends once idle, every delegate it started
     // waited for.
     let response = tokio::task::block_in_place(|| run(&daemon.meta, &request));
-    if let Some(w) = watchdog {
-        w.abort();
-    }
+    daemon.running_slots.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, &slot));
     // Answered by the watchdog already (the request overran): nothing more to say.
     let Some(held) = slot.take() else { return };
     drop(held);
@@ -243,9 +265,17 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
 }
 
 /// A running request's slot (its permit to run and its place among the pending): given back by
-/// whichever comes first, the request's end or its watchdog.
+/// whichever comes first, the request's end or the watchdog.
 struct Slot {
     held: std::sync::Mutex<Option<(tokio::sync::OwnedSemaphorePermit, Pending)>>,
+    /// When the watchdog answers for it.
+    due: Instant,
+    deadline: plexus_cni::Deadline,
+    started: Instant,
+    command: String,
+    /// The connection's socket: open while the slot is held (the request's end takes the slot
+    /// before it lets the connection go).
+    socket: std::os::fd::RawFd,
 }
 
 impl Slot {
@@ -253,32 +283,34 @@ impl Slot {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
-    /// The request is past its deadline and still running: the shim gets code 11 on `answer` (a
-    /// copy of the connection), the slot goes back, and no delegate runs in-process any more —
-    /// the request's thread cannot be stopped, a delegate process can.
-    fn overrun(
-        &self,
-        daemon: &Daemon,
-        command: &str,
-        deadline: plexus_cni::Deadline,
-        started: Instant,
-        mut answer: std::os::unix::net::UnixStream,
-    ) {
+    /// The request is past its deadline and still running: the shim gets code 11 on a copy of
+    /// the connection, the slot goes back, and no delegate runs in-process any more — the
+    /// request's thread cannot be stopped, a delegate process can.
+    fn overrun(&self, daemon: &Daemon) {
         use std::io::Write;
-        let Some(held) = self.take() else { return };
+        use std::os::fd::BorrowedFd;
+        let mut guard = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(held) = guard.take() else { return };
+        // SAFETY: the socket is open while the slot is held, and the slot is held (this lock
+        // keeps the request's end, which closes it, waiting).
+        let answer = unsafe { BorrowedFd::borrow_raw(self.socket) }.try_clone_to_owned();
+        drop(guard);
         daemon.metrics.overrun();
-        let e = deadline.expired(format!("plexus-daemon: the {command} still runs"));
-        tracing::error!(took = ?started.elapsed(), "{e}: answered, its slot given back");
+        let e = self.deadline.expired(format!("plexus-daemon: the {} still runs", self.command));
+        tracing::error!(took = ?self.started.elapsed(), "{e}: answered, its slot given back");
         plexus_cni::builtin::give_up("a request of plexus-daemon overran its deadline");
-        let response = wire::Response {
-            exit: 1,
-            stdout: serde_json::to_string(&e.to_json(plexus_cni::SpecVersion::LATEST)).expect("json"),
-        };
-        daemon.metrics.request(command, started.elapsed(), Some(e.code));
-        let _ = answer.set_nonblocking(false);
-        let _ = answer.set_write_timeout(Some(PEER_DEADLINE));
-        let _ = answer.write_all(&serde_json::to_vec(&response).expect("json"));
-        let _ = answer.shutdown(std::net::Shutdown::Both);
+        daemon.metrics.request(&self.command, self.started.elapsed(), Some(e.code));
+        if let Ok(fd) = answer {
+            let mut answer = std::os::unix::net::UnixStream::from(fd);
+            let response = wire::Response {
+                exit: 1,
+                stdout: serde_json::to_string(&e.to_json(plexus_cni::SpecVersion::LATEST)).expect("json"),
+            };
+            let _ = answer.set_nonblocking(false);
+            let _ = answer.set_write_timeout(Some(PEER_DEADLINE));
+            let _ = answer.write_all(&serde_json::to_vec(&response).expect("json"));
+            let _ = answer.shutdown(std::net::Shutdown::Both);
+        }
         drop(held);
     }
 }
