@@ -287,7 +287,7 @@ impl Policy {
             if found.kind != kind {
                 return Err(self.not_ours(key, path, &format!("it is a {}", found.kind.name())));
             }
-            if !lock_shared_until(&mark, deadline).map_err(io)? {
+            if !crate::deadline::lock_shared_until(&mark, deadline).map_err(io)? {
                 return Err(deadline.expired(format!("{key} {shown:?}: waiting for its mark")));
             }
             // Removed by its last user between our open and our lock: again, from the root.
@@ -334,24 +334,6 @@ impl Policy {
     fn not_ours(&self, key: &str, path: &Path, why: &str) -> Error {
         Error::invalid_config(format!("{key} {:?} cannot be used: {why}", path.display().to_string()))
             .with_details("a tenant data directory is made and marked by plexus, and used as one kind only")
-    }
-}
-
-/// A shared `flock` on `file`, waiting at most until `deadline`.
-fn lock_shared_until(file: &File, deadline: Deadline) -> std::io::Result<bool> {
-    let mut pause = Duration::from_micros(200);
-    loop {
-        match file.try_lock_shared() {
-            Ok(()) => return Ok(true),
-            Err(std::fs::TryLockError::WouldBlock) => {}
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
-        }
-        let left = deadline.remaining();
-        if left.is_zero() {
-            return Ok(false);
-        }
-        std::thread::sleep(pause.min(left));
-        pause = (pause * 2).min(Duration::from_millis(10));
     }
 }
 

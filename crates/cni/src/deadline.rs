@@ -100,9 +100,19 @@ impl Deadline {
 /// still held by another then. A lock shared by the node's requests is never waited for past a
 /// request's deadline, whatever its holder does.
 pub fn lock_until(file: &std::fs::File, deadline: Deadline) -> std::io::Result<bool> {
+    wait_for(|| file.try_lock(), deadline)
+}
+
+/// [`lock_until`] for a shared `flock`.
+pub fn lock_shared_until(file: &std::fs::File, deadline: Deadline) -> std::io::Result<bool> {
+    wait_for(|| file.try_lock_shared(), deadline)
+}
+
+/// `try_lock` again and again, the pauses doubling up to 10 ms, until it takes or `deadline`.
+fn wait_for(try_lock: impl Fn() -> Result<(), std::fs::TryLockError>, deadline: Deadline) -> std::io::Result<bool> {
     let mut pause = Duration::from_micros(200);
     loop {
-        match file.try_lock() {
+        match try_lock() {
             Ok(()) => return Ok(true),
             Err(std::fs::TryLockError::WouldBlock) => {}
             Err(std::fs::TryLockError::Error(e)) => return Err(e),
