@@ -12,13 +12,8 @@ RUNS=${RUNS:-300}
 WARMUP=${WARMUP:-10}
 
 [ "$(id -u)" = 0 ] || { echo "bench.sh: run as root (namespaces)" >&2; exit 1; }
-need=()
-for p in containernetworking-plugins iproute2 time python3; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
-fi
+source scripts/lib/packages.sh
+need_packages containernetworking-plugins iproute2 time python3
 # hyperfine -N needs --input (stdin for CNI plugins without a shell in between): Debian's 1.15
 # lacks it, so a newer hyperfine comes from crates.io into target/tools.
 HF=$top/target/tools/bin/hyperfine

@@ -5,6 +5,9 @@
 # packages to build (`-p plexus -p plexus-macvlan`); none: every binary of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# etcd-client's build script runs protoc (plexus-ipam's etcd store); a fresh machine has none.
+source scripts/lib/packages.sh
+need_packages protobuf-compiler libprotobuf-dev
 host=$(rustc -vV | sed -n 's/^host: //p')
 # Called from a test (scripts/cluster-install.sh under cargo nextest), this script inherits the
 # variables cargo sets for the test crate. ring's build script reruns when CARGO_MANIFEST_DIR

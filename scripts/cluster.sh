@@ -44,6 +44,7 @@
 # - Eight RoCE ports (ens1f0np0 .. ens8f0np0, MTU 9000): an 8-rail GPU node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/packages.sh
 top=$(pwd)
 
 state=${PLEXUS_CLUSTER_DIR:-/var/lib/plexus-cluster}
@@ -253,13 +254,7 @@ images() {
 
 up() {
   [ "$(id -u)" = 0 ] || { log "run as root"; exit 1; }
-  local missing=()
-  for p in runc podman busybox-static openssl iproute2 util-linux; do
-    dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-  fi
+  need_packages runc podman busybox-static openssl iproute2 util-linux
   PEERS_BIN=$(bash scripts/peers.sh)
   down
   mkdir -p "$state"/{pids,log,net.d,bin,etcd,containerd,kubelet}

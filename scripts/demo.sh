@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (it creates network namespaces)" >&2; exit 1; }
-command -v ip >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends iproute2; }
+source scripts/lib/packages.sh
+need_packages iproute2   # build-release.sh installs what the build needs (protoc)
 
 echo "== building plexus, plexus-macvlan and plexus-ipam (scripts/build-release.sh: what the demo runs)"
 BIN=$(bash scripts/build-release.sh -p plexus -p plexus-macvlan -p plexus-ipam)

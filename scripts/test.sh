@@ -4,6 +4,7 @@
 # of every binary, and the whole suite under nextest. Needs root: the tests create namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/packages.sh
 
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/test.sh: run as root (tests create network namespaces and links)" >&2
@@ -19,15 +20,7 @@ fi
 #   openssl iptables util-linux  the real Kubernetes node (certificates, the service address, nsenter/unshare)
 packages=(containernetworking-plugins iproute2 procps protobuf-compiler libprotobuf-dev etcd-server etcd-client
           podman runc containerd busybox-static tar openssl iptables util-linux)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "== installing ${missing[*]}"
-  apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+need_packages "${packages[@]}"
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 echo "== cnitool (built from Debian's source package; the tests drive plexus through it)"
 bash scripts/tools/build-cnitool.sh

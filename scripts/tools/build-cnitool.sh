@@ -6,18 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$(pwd)/target/tools/cnitool
 [ -x "$out" ] && exit 0
-missing=()
-for p in golang-go golang-github-appc-cni-dev xz-utils dpkg-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+source scripts/lib/packages.sh
+# cnitool's source comes from Debian's source package: deb-src lines first, then one update.
 if ! grep -rqs '^Types: deb-src' /etc/apt/sources.list.d/ 2>/dev/null && ! grep -qs '^deb-src' /etc/apt/sources.list 2>/dev/null; then
   sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources > /etc/apt/sources.list.d/debian-src.sources
-  fresh=1
-fi
-if [ ${#missing[@]} -gt 0 ] || [ -n "${fresh:-}" ]; then
   apt-get update -q
-  [ ${#missing[@]} -gt 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+need_packages golang-go golang-github-appc-cni-dev xz-utils dpkg-dev
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 (cd "$work" && apt-get source -q --download-only golang-github-appc-cni=1.1.2-1 >/dev/null 2>&1 \

@@ -9,13 +9,8 @@ cd "$(dirname "$0")/../.."
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 suite=${UPSTREAM_SUITE:-sid}
 tools=$(pwd)/target/tools/cni-upstream
-missing=()
-for p in curl gpgv debian-archive-keyring xz-utils; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-fi
+source scripts/lib/packages.sh
+need_packages curl gpgv debian-archive-keyring xz-utils
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "fetch-upstream-plugins.sh: $*" >&2; exit 1; }
