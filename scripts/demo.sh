@@ -58,4 +58,5 @@ ip -n "$pod" -d addr show net1
 echo "== DEL"
 cni DEL
 echo "interfaces left in the pod: $(ip -n "$pod" -o link show | awk -F': ' '{print $2}' | tr '\n' ' ')"
-echo "addresses held in the IPAM store: $(ls "$work/ipam/default/ips" | wc -l)"
+# (the store removes a range's directory with its last reservation)
+echo "addresses held in the IPAM store: $(find "$work/ipam" -path '*/ips/*' -type f 2> /dev/null | wc -l)"

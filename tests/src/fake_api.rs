@@ -33,6 +33,7 @@ struct State {
     token: String,
     pods: BTreeMap<(String, String), Value>,
     nads: BTreeMap<(String, String), Value>,
+    daemonsets: BTreeMap<(String, String), Value>,
     patches: Vec<(String, Value)>,
     requests: Vec<String>,
     faults: Vec<Fault>,
@@ -206,6 +207,31 @@ impl FakeApi {
         self.state.lock().unwrap().nads.insert((namespace.into(), name.into()), nad);
     }
 
+    /// A DaemonSet (only its metadata matters: plexus-install asks whether it is there, and
+    /// whether it is being deleted).
+    pub fn set_daemonset(&self, namespace: &str, name: &str, deleting: bool) {
+        let mut meta = json!({"name": name, "namespace": namespace, "uid": "ds-uid"});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-12-05T00:00:00Z");
+        }
+        let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": meta, "spec": {}});
+        self.state.lock().unwrap().daemonsets.insert((namespace.into(), name.into()), ds);
+    }
+
+    pub fn remove_daemonset(&self, namespace: &str, name: &str) {
+        self.state.lock().unwrap().daemonsets.remove(&(namespace.into(), name.into()));
+    }
+
+    /// The server's CA, PEM.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.ca_file()).unwrap()
+    }
+
+    /// The token the server accepts now.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         self.state.lock().unwrap().pods.get(&(namespace.into(), name.into())).cloned()
     }
@@ -292,6 +318,12 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
     }
     let mut s = state.lock().unwrap();
     let reply = match (method.as_str(), parts.as_slice()) {
+        ("GET", ["apis", "apps", "v1", "namespaces", ns, "daemonsets", name]) => {
+            match s.daemonsets.get(&(ns.to_string(), name.to_string())) {
+                Some(ds) => respond(200, ds),
+                None => respond(404, &status_body(404, "NotFound", &format!("daemonsets.apps \"{name}\" not found"))),
+            }
+        }
         ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => match s.pods.get(&(ns.to_string(), name.to_string()))
         {
             Some(p) => respond(200, p),

@@ -70,10 +70,22 @@ pub async fn kube_config(kubeconfig: Option<&Path>, timeout: Duration) -> Result
         }
         None => return Ok(None),
     };
+    with_timeouts(&mut config, timeout);
+    Ok(Some(config))
+}
+
+fn with_timeouts(config: &mut kube::Config, timeout: Duration) {
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
-    Ok(Some(config))
+}
+
+/// A runtime for one process's calls.
+fn own_runtime() -> Result<tokio::runtime::Runtime, K8sError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| K8sError::Io(format!("start runtime: {e}")))
 }
 
 fn pods() -> ApiResource {
@@ -136,16 +148,33 @@ impl ApiClient {
         if kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
             return Ok(None); // standalone: no runtime, no client
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| K8sError::Io(format!("start runtime: {e}")))?;
+        let rt = own_runtime()?;
         let Some(config) = rt.block_on(kube_config(kubeconfig, timeout))? else { return Ok(None) };
+        Ok(Some(ApiClient::on_own_runtime(rt, config, timeout)?))
+    }
+
+    /// A client from a kubeconfig held in memory (YAML or JSON), never written anywhere: the
+    /// installer's, made from its service account with the token inline.
+    pub fn from_kubeconfig_text(text: &str, timeout: Duration) -> Result<ApiClient, K8sError> {
+        let kc = Kubeconfig::from_yaml(text).map_err(|e| K8sError::Config(format!("kubeconfig: {e}")))?;
+        let rt = own_runtime()?;
+        let mut config = rt
+            .block_on(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()))
+            .map_err(|e| K8sError::Config(format!("kubeconfig: {e}")))?;
+        with_timeouts(&mut config, timeout);
+        ApiClient::on_own_runtime(rt, config, timeout)
+    }
+
+    fn on_own_runtime(
+        rt: tokio::runtime::Runtime,
+        config: kube::Config,
+        timeout: Duration,
+    ) -> Result<ApiClient, K8sError> {
         let client = {
             let _guard = rt.enter();
             kube::Client::try_from(config).map_err(|e| K8sError::Config(format!("Kubernetes client: {e}")))?
         };
-        Ok(Some(ApiClient { rt: Driver::Own(rt), client, timeout }))
+        Ok(ApiClient { rt: Driver::Own(rt), client, timeout })
     }
 
     /// A client whose calls run on `handle`'s runtime (which `client` was made on), for threads
