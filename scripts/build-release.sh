@@ -3,12 +3,34 @@
 # start fast (no dynamic loader work: ~0.3 ms of every invocation) and run on any host they are
 # copied to, like the Go reference plugins. Prints the directory holding them. Arguments name
 # packages to build (`-p plexus -p plexus-macvlan`); none: every binary of the workspace.
+#
+#   bash scripts/build-release.sh                 # this machine's architecture
+#   PLEXUS_ARCH=arm64 bash scripts/build-release.sh   # linux/arm64 (aarch64), cross-compiled
+#
+# amd64 and arm64 are built on either: the other one with Debian's cross C toolchain
+# (gcc-aarch64-linux-gnu or gcc-x86-64-linux-gnu, for ring's C and the static link) and the Rust
+# target added with rustup; both installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# etcd-client's build script runs protoc (plexus-ipam's etcd store); a fresh machine has none.
 source scripts/lib/packages.sh
+# etcd-client's build script runs protoc (plexus-ipam's etcd store); a fresh machine has none.
 need_packages protobuf-compiler libprotobuf-dev
 host=$(rustc -vV | sed -n 's/^host: //p')
+case "${PLEXUS_ARCH:-}" in
+  "") target=$host ;;
+  amd64) target=x86_64-unknown-linux-gnu ;;
+  arm64) target=aarch64-unknown-linux-gnu ;;
+  *) echo "build-release.sh: PLEXUS_ARCH=$PLEXUS_ARCH: amd64 or arm64" >&2; exit 1 ;;
+esac
+if [ "$target" != "$host" ]; then
+  case $target in
+    aarch64-*) cross=aarch64-linux-gnu; need_packages gcc-aarch64-linux-gnu libc6-dev-arm64-cross ;;
+    x86_64-*) cross=x86_64-linux-gnu; need_packages gcc-x86-64-linux-gnu libc6-dev-amd64-cross ;;
+  esac
+  rustup target list --installed | grep -qx "$target" || rustup target add "$target" >&2
+  triple_env=$(echo "$target" | tr 'a-z-' 'A-Z_')
+  export "CARGO_TARGET_${triple_env}_LINKER=$cross-gcc" "CC_${target//-/_}=$cross-gcc" "AR_${target//-/_}=$cross-ar"
+fi
 # Called from a test (scripts/cluster-install.sh under cargo nextest), this script inherits the
 # variables cargo sets for the test crate. ring's build script reruns when CARGO_MANIFEST_DIR
 # changes, so one of them left set rebuilds ring and everything above it (kube, rustls, tonic):
@@ -20,5 +42,5 @@ unset CARGO_MANIFEST_DIR CARGO_MANIFEST_PATH CARGO_CRATE_NAME CARGO_BIN_NAME CAR
 # binary first applies its ~16k relocations and copies .data.rel.ro on every start (~0.15 ms for
 # plexus); the stack, heap and mmap areas stay randomized.
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
-  cargo build --release --locked --bins --target "$host" "${@:---workspace}" >&2
-echo "$(pwd)/target/$host/release"
+  cargo build --release --locked --bins --target "$target" "${@:---workspace}" >&2
+echo "$(pwd)/target/$target/release"

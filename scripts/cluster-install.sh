@@ -1,57 +1,104 @@
 #!/usr/bin/env bash
-# Installs plexus on the cluster scripts/cluster.sh brought up, the way users install it: an image
-# built locally from the release binaries (scripts/build-release.sh) and a busybox shell, imported
-# into the node's containerd, then conf-examples/deploy/{crd,rbac,daemonset}.yaml applied with
-# kubectl. The only changes to the manifests are the image name and the host paths (the test node
-# keeps its CNI dirs under the cluster's state dir instead of the machine's /opt/cni/bin and
-# /etc/cni/net.d). Returns once the DaemonSet's pod has written the meta config.
+# Installs plexus on the cluster scripts/cluster.sh brought up, the way users install it: the image
+# scripts/build-image.sh builds (this machine's architecture; no shell in it), imported into the
+# node's containerd, then either the plain manifests (conf-examples/deploy/{thin,daemon}, applied
+# with `kubectl apply -k` through a kustomization of this node's) or the Helm chart
+# (deploy/helm/plexus, `helm install`). What differs from a real node is only what a
+# kustomization or the chart's values set: the image, and the node's paths (the test node keeps its
+# CNI dirs under the cluster's state dir, not in the machine's /opt/cni/bin and /etc/cni/net.d).
+# Returns once the DaemonSet's pod has written the meta config (and, in daemon mode, the daemon is
+# ready).
 #
 #   eval "$(bash scripts/cluster.sh up)"; bash scripts/cluster-install.sh
 #
 # PLEXUS_META_KEYS adds members to the meta config (e.g. '"namespaceIsolation": true'), as an
-# admin would in the DaemonSet's config. PLEXUS_DAEMON_MODE=1 installs daemon mode instead
-# (conf-examples/deploy/daemonset-daemon.yaml, "daemonSocket" in the meta config) and returns once
-# plexus-daemon is ready too.
+# admin would in the ConfigMap. PLEXUS_DAEMON_MODE=1 installs daemon mode ("daemonSocket" in the
+# meta config). PLEXUS_INSTALL_WITH=helm installs with the chart instead of the manifests;
+# PLEXUS_HELM_ARGS adds arguments to `helm install`.
+#
+#   bash scripts/cluster-install.sh --uninstall   # as README says: with the manifests, the
+#                                                 # DaemonSet in the foreground first, then the rest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KUBECONFIG:?run scripts/cluster.sh up first and export what it prints}"
 state=$(dirname "$KUBECONFIG")
-image=localhost/plexus:test
 kubectl() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+helm() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/helm" --kubeconfig "$KUBECONFIG" "$@"; }
+mode=thin
+[ -n "${PLEXUS_DAEMON_MODE:-}" ] && mode=daemon
 
-BIN=$(bash scripts/build-release.sh)
+if [ "${1:-}" = --uninstall ]; then
+  if [ "${PLEXUS_INSTALL_WITH:-}" = helm ]; then
+    helm uninstall plexus -n kube-system --wait --timeout 300s >&2
+  else
+    kubectl -n kube-system delete daemonset plexus --cascade=foreground --wait=true --timeout=300s > /dev/null
+    kubectl delete -f "conf-examples/deploy/$mode/plexus.yaml" --ignore-not-found --wait=true > /dev/null
+  fi
+  echo "cluster-install.sh: plexus uninstalled" >&2
+  exit 0
+fi
+
+image=localhost/plexus:test
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/rootfs/bin" "$work/rootfs/plexus/bin" "$work/rootfs/plexus/conf" "$work/rootfs/tmp"
-cp /bin/busybox "$work/rootfs/bin/busybox"
-for t in sh cp mv mkdir chmod cat base64 sha256sum sleep; do ln -s busybox "$work/rootfs/bin/$t"; done
-for b in plexus plexus-macvlan plexus-host-device plexus-ipam plexusctl plexus-daemon; do cp "$BIN/$b" "$work/rootfs/plexus/bin/"; done
-daemonset=conf-examples/deploy/daemonset.yaml
+arch=$(dpkg --print-architecture)
+ARCHES=$arch IMAGE=$image ARCHIVE=$work/image.tar PLEXUS_IMAGE_STORE=$work/podman bash scripts/build-image.sh > /dev/null
+ip netns exec "$NODE_NETNS" "$PEERS_BIN/ctr" -a "$state/containerd.sock" -n k8s.io images import \
+  --platform "linux/$arch" "$work/image.tar" > /dev/null
+podman --root "$work/podman/root" --runroot "$work/podman/run" --storage-driver vfs rmi -a -f > /dev/null 2>&1 || true
+
 socket=$state/run/plexus-daemon.sock
-if [ -n "${PLEXUS_DAEMON_MODE:-}" ]; then
-  daemonset=conf-examples/deploy/daemonset-daemon.yaml
+journal=$state/run/network-status
+if [ "$mode" = daemon ]; then
   PLEXUS_META_KEYS="\"daemonSocket\": \"$socket\"${PLEXUS_META_KEYS:+, $PLEXUS_META_KEYS}"
 fi
-# The meta config for this node: the bootstrap bridge stays the cluster network.
-cat > "$work/rootfs/plexus/conf/00-plexus.conflist" << EOF
-{"cniVersion": "1.0.0", "name": "plexus", "plugins": [
-  {"type": "plexus", "clusterNetwork": "$CLUSTER_NETWORK",
-   "kubeconfig": "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig", "cniDir": "$PLEXUS_DATA_DIR/meta",
-   "binDir": "$CNI_BIN_DIR", "podResourcesSocket": "$state/kubelet/pod-resources/kubelet.sock", "logFile": "$state/log/plexus.log", "logLevel": "debug"${PLEXUS_META_KEYS:+, $PLEXUS_META_KEYS}}]}
-EOF
-tar -C "$work/rootfs" -cf "$work/rootfs.tar" .
-store=(--root "$work/podman/root" --runroot "$work/podman/run" --storage-driver vfs)
-podman "${store[@]}" import -q --change 'CMD ["/bin/sh"]' "$work/rootfs.tar" "$image" > /dev/null
-podman "${store[@]}" save -q --format docker-archive -o "$work/image.tar" "$image" > /dev/null
-ip netns exec "$NODE_NETNS" "$PEERS_BIN/ctr" -a "$state/containerd.sock" -n k8s.io images import "$work/image.tar" > /dev/null
-podman "${store[@]}" rmi -a -f > /dev/null 2>&1 || true
+# The meta config's keys for this node (the bootstrap bridge stays the cluster network).
+keys="\"clusterNetwork\": \"$CLUSTER_NETWORK\", \"cniDir\": \"$PLEXUS_DATA_DIR/meta\", \
+\"podResourcesSocket\": \"$state/kubelet/pod-resources/kubelet.sock\", \"logFile\": \"$state/log/plexus.log\", \
+\"logLevel\": \"debug\"${PLEXUS_META_KEYS:+, $PLEXUS_META_KEYS}"
 
-kubectl apply -f conf-examples/deploy/crd.yaml -f conf-examples/deploy/rbac.yaml > /dev/null
-sed -e "s|image: .*|image: $image\n        imagePullPolicy: Never|" \
-  -e "s|path: /opt/cni/bin|path: $CNI_BIN_DIR|" -e "s|path: /etc/cni/net.d|path: $CNI_CONF_DIR|" \
-  -e "s|value: /opt/cni/bin|value: $CNI_BIN_DIR|" -e "s|value: /etc/cni/net.d|value: $CNI_CONF_DIR|" \
-  -e "s|value: /run/plexus/daemon.sock|value: $socket|" -e "s|value: /run/plexus/network-status|value: $state/run/network-status|" \
-  "$daemonset" | kubectl apply -f - > /dev/null
+if [ "${PLEXUS_INSTALL_WITH:-}" = helm ]; then
+  # shellcheck disable=SC2086
+  helm install plexus deploy/helm/plexus -n kube-system --set "mode=$mode" \
+    --set image.repository=localhost/plexus --set image.tag=test --set image.pullPolicy=Never \
+    --set "cni.binDir=$CNI_BIN_DIR" --set "cni.confDir=$CNI_CONF_DIR" \
+    --set "daemon.socket=$socket" --set "daemon.statusJournal=$journal" \
+    --set-json "metaConfig.keys={$keys}" ${PLEXUS_HELM_ARGS:-} > /dev/null
+else
+  # A kustomization of this node's over the plain manifests: the image, the env that carries the
+  # node's paths, and the ConfigMap's meta config.
+  cat > "$work/kustomization.yaml" << EOF
+resources:
+- $(realpath --relative-to="$work" "conf-examples/deploy/$mode")
+images:
+- {name: localhost/plexus, newTag: test}
+patches:
+- patch: |
+    apiVersion: apps/v1
+    kind: DaemonSet
+    metadata: {name: plexus, namespace: kube-system}
+    spec:
+      template:
+        spec:
+          containers:
+          - name: plexus
+            imagePullPolicy: Never
+            env:
+            - {name: CNI_BIN_DIR, value: "$CNI_BIN_DIR"}
+            - {name: CNI_CONF_DIR, value: "$CNI_CONF_DIR"}
+            - {name: DAEMON_SOCKET, value: "$socket"}
+            - {name: STATUS_JOURNAL, value: "$journal"}
+- patch: |
+    apiVersion: v1
+    kind: ConfigMap
+    metadata: {name: plexus-config, namespace: kube-system}
+    data:
+      00-plexus.conflist: |
+        {"cniVersion": "1.0.0", "name": "plexus", "plugins": [{"type": "plexus",
+         "kubeconfig": "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig", "binDir": "$CNI_BIN_DIR", $keys}]}
+EOF
+  kubectl apply -k "$work" > /dev/null
+fi
 for _ in $(seq 120); do
   [ -f "$CNI_CONF_DIR/00-plexus.conflist" ] && [ -f "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig" ] && break
   sleep 1
@@ -60,13 +107,14 @@ done
   echo "cluster-install.sh: the DaemonSet did not install plexus" >&2
   kubectl -n kube-system get pods -o wide >&2
   kubectl -n kube-system describe daemonset plexus >&2 || true
+  kubectl -n kube-system logs daemonset/plexus --tail 50 >&2 || true
   exit 1
 }
-if [ -n "${PLEXUS_DAEMON_MODE:-}" ]; then
+if [ "$mode" = daemon ]; then
   kubectl -n kube-system rollout status daemonset/plexus --timeout 120s > /dev/null || {
     echo "cluster-install.sh: plexus-daemon did not become ready" >&2
     kubectl -n kube-system logs daemonset/plexus --tail 50 >&2 || true
     exit 1
   }
 fi
-echo "cluster-install.sh: plexus installed by its DaemonSet" >&2
+echo "cluster-install.sh: plexus installed by its DaemonSet ($mode mode, ${PLEXUS_INSTALL_WITH:-manifests})" >&2

@@ -393,7 +393,7 @@ EOF
   wait_for kube-controller-manager 60 in_node "${kubectl[@]}" -n default get serviceaccount default
 
   log "CRDs: NetworkAttachmentDefinition and whereabouts'"
-  in_node "${kubectl[@]}" apply -f conf-examples/deploy/crd.yaml > /dev/null
+  in_node "${kubectl[@]}" apply -f deploy/helm/plexus/crds/network-attachment-definitions.yaml > /dev/null
   wb=$(cd tests/peers/whereabouts && GOMODCACHE=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod \
     GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/whereabouts)
   for crd in "$wb"/doc/crds/whereabouts.cni.cncf.io_*.yaml; do

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the peers plexus is tested and measured beside — Kubernetes (kube-apiserver, kubelet,
 # kube-controller-manager, kube-scheduler, kubectl), etcd 3.6, containerd 2.0 (+ shim, ctr),
-# crictl, Multus v4 (thin and thick), whereabouts (and one run of its reconciler) and the
-# current reference plugins — from their Go modules, pinned in tests/peers/*/go.{mod,sum}.
+# crictl, Multus v4 (thin and thick), whereabouts (and one run of its reconciler), helm 4 and
+# the current reference plugins — from their Go modules, pinned in tests/peers/*/go.{mod,sum}.
 # Nothing of theirs is committed. Plus a test device plugin of ours (tests/peers/deviceplugin),
 # built the same way.
 #
@@ -44,6 +44,7 @@ declare -A binaries=(
     tuning=github.com/containernetworking/plugins/plugins/meta/tuning
     sbr=github.com/containernetworking/plugins/plugins/meta/sbr"
   [deviceplugin]="plexus-test-device-plugin=plexus.test/deviceplugin"
+  [helm]="helm=helm.sh/helm/v4/cmd/helm"
 )
 # A module's key: its go.mod, go.sum and our own Go sources (the test tools); the set's key: the
 # modules' keys. A change to one module rebuilds only that module.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A burst through plexus-daemon in a memory cgroup with the DaemonSet's limit (issue #16): PODS
 # pods at once, each with RAILS networks (plexus-macvlan + plexus-ipam, file store; NADs from
-# nadDir), sent by as many `plexus` shims to one daemon run with daemonset-daemon.yaml's
+# nadDir), sent by as many `plexus` shims to one daemon run with the daemon-mode DaemonSet's
 # --max-concurrent and --max-queued. The daemon and every delegate it starts are in the cgroup, as
 # in the DaemonSet's container; the shims are not (the kubelet's runtime starts them). Reports the
 # cgroup's peak charge (RSS and page cache, what the limit counts) over the ADD burst and over the
@@ -14,10 +14,11 @@ out=${1:?usage: daemon-burst.sh OUT_DIR BIN_DIR}
 BIN=${2:?usage: daemon-burst.sh OUT_DIR BIN_DIR}
 PODS=${PODS:-32}
 RAILS=${RAILS:-8}
-# daemonset-daemon.yaml's figures: the container's memory limit and the daemon's flags.
-manifest="$(dirname "$0")/../../conf-examples/deploy/daemonset-daemon.yaml"
+# The daemon-mode DaemonSet's figures (conf-examples/deploy/daemon/plexus.yaml, rendered from the
+# chart): the container's memory limit and the daemon's flags.
+manifest="$(dirname "$0")/../../conf-examples/deploy/daemon/plexus.yaml"
 limit_mib=$(sed -n 's/.*limits: {memory: \([0-9]*\)Mi}.*/\1/p' "$manifest")
-flag() { grep -o -- "--$1 [0-9]*" "$manifest" | tail -1 | awk '{print $2}'; }
+flag() { grep -o -- "--$1=[0-9]*" "$manifest" | tail -1 | cut -d= -f2; }
 max_concurrent=$(flag max-concurrent)
 max_queued=$(flag max-queued)
 [ -n "$limit_mib" ] && [ -n "$max_concurrent" ] && [ -n "$max_queued" ] || {

@@ -26,7 +26,7 @@ NADS=${NADS:-5000} PODS=${PODS:-10000} LOCAL=${LOCAL:-200} SETTLE=${SETTLE:-30}
 NAD_KIB=${NAD_KIB:-0} FLOOD=${FLOOD:-0} NAME=${NAME:-daemon-rss}
 LOCAL=$((LOCAL < PODS ? LOCAL : PODS))
 # The DaemonSet's memory limit, for the report.
-limit_mib=$(sed -n 's/.*limits: {memory: \([0-9]*\)Mi}.*/\1/p' conf-examples/deploy/daemonset-daemon.yaml)
+limit_mib=$(sed -n 's/.*limits: {memory: \([0-9]*\)Mi}.*/\1/p' conf-examples/deploy/daemon/plexus.yaml)
 
 env_file=$(mktemp)
 work=$(mktemp -d)
@@ -44,7 +44,9 @@ log() { echo "bench/daemon-rss.sh: $*" >&2; }
 BIN=$(bash scripts/build-release.sh -p plexus-daemon -p plexus)
 bash scripts/cluster.sh stop kube-controller-manager
 
-k apply -f conf-examples/deploy/crd.yaml -f conf-examples/deploy/rbac.yaml > /dev/null
+# The CRD and the chart's ServiceAccount and RBAC (the manifests' DaemonSet itself is not run here).
+k apply -f deploy/helm/plexus/crds/network-attachment-definitions.yaml > /dev/null
+"$PEERS_BIN/helm" template plexus deploy/helm/plexus -n kube-system --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml | k apply -f - > /dev/null
 gomod=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod
 multus_dir=$(cd tests/peers/multus && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
 python3 - "$multus_dir/deployments/multus-daemonset-thick.yml" << 'PY' | k apply -f - > /dev/null

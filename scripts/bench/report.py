@@ -237,7 +237,7 @@ if has("daemon-burst"):
     print("\n## A burst through plexus-daemon under the DaemonSet's memory limit (issue #16)\n")
     print(f"`scripts/bench/daemon-burst.sh`: {b['pods']} pods at once, each with {b['rails']} networks (plexus-macvlan +")
     print("plexus-ipam, file store, NADs from `nadDir`), one `plexus` shim each, sent to one plexus-daemon run with")
-    print(f"`conf-examples/deploy/daemonset-daemon.yaml`'s flags (`--max-concurrent {b['max_concurrent']} --max-queued {b['max_queued']}`)")
+    print(f"the daemon-mode DaemonSet's flags (`conf-examples/deploy/daemon/plexus.yaml`) (`--max-concurrent {b['max_concurrent']} --max-queued {b['max_queued']}`)")
     print(f"in a memory cgroup with its limit ({b['limit_mib']} MiB). The daemon runs plexus-macvlan and plexus-ipam")
     print("in-process (the binaries in `CNI_PATH` are of its build), so the burst's delegates are threads of the")
     print("daemon, all in the cgroup as in the DaemonSet's container; the page cache is dropped before the daemon")

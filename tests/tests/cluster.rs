@@ -1,8 +1,9 @@
 //! plexus under a real kubelet: `scripts/cluster.sh up` brings a single-node Kubernetes (real
 //! etcd, kube-apiserver, controller-manager, scheduler, containerd CRI, kubelet) into a network
-//! namespace of its own, `scripts/cluster-install.sh` installs plexus through the deployment
-//! manifests (CRD, ServiceAccount, least RBAC, DaemonSet), and from then on kubelet → containerd
-//! → plexus sets up every pod's networks.
+//! namespace of its own, `scripts/cluster-install.sh` installs plexus from the image
+//! `scripts/build-image.sh` builds, through the plain manifests (conf-examples/deploy: CRD,
+//! ServiceAccount, least RBAC, ConfigMap, DaemonSet) or the Helm chart (deploy/helm/plexus), and
+//! from then on kubelet → containerd → plexus sets up every pod's networks.
 //!
 //! Each test brings up a cluster of its own (about a minute) and they share the node's names, so
 //! they run one at a time: a lock here for `cargo test`, the `cluster` test group for nextest
@@ -34,7 +35,7 @@ impl Cluster {
         Cluster::up_with(meta_keys, None, false)
     }
 
-    /// A cluster with plexus installed in daemon mode (conf-examples/deploy/daemonset-daemon.yaml).
+    /// A cluster with plexus installed in daemon mode (conf-examples/deploy/daemon).
     fn up_daemon_mode(meta_keys: &str) -> Cluster {
         Cluster::up_with(meta_keys, None, true)
     }
@@ -42,6 +43,11 @@ impl Cluster {
     /// [`Cluster::up`], the CNI plugins reading sysfs from `sysfs` (a fake tree) when given, in
     /// daemon mode when `daemon_mode`.
     fn up_with(meta_keys: &str, sysfs: Option<&Path>, daemon_mode: bool) -> Cluster {
+        Cluster::up_installed_with(meta_keys, sysfs, daemon_mode, "manifests")
+    }
+
+    /// A cluster with plexus installed by `with`: "manifests" (`kubectl apply -k`) or "helm".
+    fn up_installed_with(meta_keys: &str, sysfs: Option<&Path>, daemon_mode: bool, with: &str) -> Cluster {
         plexus_tests::require_root();
         let one = ONE_CLUSTER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Removed on drop from here on, also when coming up fails halfway.
@@ -65,6 +71,7 @@ impl Cluster {
             .envs(&c.env)
             .env("PLEXUS_META_KEYS", meta_keys)
             .env("PLEXUS_DAEMON_MODE", if daemon_mode { "1" } else { "" })
+            .env("PLEXUS_INSTALL_WITH", with)
             .output()
             .unwrap();
         assert!(install.status.success(), "cluster-install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
@@ -73,6 +80,35 @@ impl Cluster {
 
     fn var(&self, key: &str) -> &str {
         &self.env[key]
+    }
+
+    /// plexus's files on the node: binaries in the CNI bin dir, the meta config and the
+    /// credentials directory in the CNI conf dir.
+    fn plexus_files_on_node(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for dir in [self.var("CNI_BIN_DIR"), self.var("CNI_CONF_DIR")] {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.contains("plexus") {
+                    found.push(format!("{dir}/{name}"));
+                }
+            }
+        }
+        found.sort();
+        found
+    }
+
+    /// `cluster-install.sh --uninstall`, as README says for the way it was installed.
+    fn uninstall(&self, with: &str, daemon_mode: bool) {
+        let out = Command::new("bash")
+            .arg(repo().join("scripts/cluster-install.sh"))
+            .arg("--uninstall")
+            .envs(&self.env)
+            .env("PLEXUS_DAEMON_MODE", if daemon_mode { "1" } else { "" })
+            .env("PLEXUS_INSTALL_WITH", with)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "uninstall failed:\n{}", String::from_utf8_lossy(&out.stderr));
     }
 
     fn state(&self) -> &Path {
@@ -363,6 +399,89 @@ fn kubelet_runs_a_pod_on_two_plexus_networks_and_a_missing_nad_fails_cleanly() {
     assert_eq!(c.reservations(), 0);
     c.delete("default", &["pod", "orphan"]);
     wait_until("no cache left", Duration::from_secs(30), || c.data_files("meta") == 0);
+    // Uninstalled as README says for the plain manifests (the DaemonSet in the foreground, then
+    // the rest): its pod removed plexus from the node on its way out; the cluster network stays.
+    assert_eq!(c.plexus_files_on_node().len(), 8, "{:?}", c.plexus_files_on_node());
+    c.uninstall("manifests", false);
+    assert_eq!(c.plexus_files_on_node(), Vec::<String>::new());
+    assert!(Path::new(c.var("CLUSTER_NETWORK")).exists());
+    let (_, left) = c.kubectl(&["get", "clusterrole,clusterrolebinding", "-o", "name"], None);
+    assert!(!left.contains("/plexus"), "{left}");
+}
+
+#[test]
+fn with_helm_plexus_installs_upgrades_under_a_running_pod_and_uninstalls_leaving_nothing_on_the_node() {
+    let c = Cluster::up_installed_with("", None, true, "helm");
+    let (ok, out) =
+        c.peer("helm", &["--kubeconfig", c.var("KUBECONFIG"), "-n", "kube-system", "status", "plexus"], None);
+    assert!(ok && out.contains("STATUS: deployed"), "{out}");
+    c.apply(
+        &(c.macvlan_nad("default", "rail0", "ens1f0np0", "198.18.236.0/24") + &c.pod("default", "steady", "rail0")),
+    );
+    c.wait_ready("default", "pod/steady", "90s");
+    let addrs = c.pod_addrs("default", "steady");
+    assert_eq!(addrs, BTreeSet::from(["net1 198.18.236.1/24".to_string()]));
+    let sandbox = c.sandbox("default", "steady");
+    let adds = c.cni_adds();
+    let daemon_pod = || {
+        let (_, pods) =
+            c.kubectl(&["-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=plexus", "-o", "name"], None);
+        pods.trim().to_string()
+    };
+    let before = daemon_pod();
+    // An upgrade that changes the pod template (the daemon's concurrency): the DaemonSet rolls its
+    // pod; the old one ends with the DaemonSet still there, so plexus stays on the node throughout.
+    let chart = repo().join("deploy/helm/plexus");
+    let (ok, out) = c.peer(
+        "helm",
+        &[
+            "--kubeconfig",
+            c.var("KUBECONFIG"),
+            "-n",
+            "kube-system",
+            "upgrade",
+            "plexus",
+            chart.to_str().unwrap(),
+            "--reuse-values",
+            "--set",
+            "daemon.maxConcurrent=8",
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+        None,
+    );
+    assert!(ok, "helm upgrade: {out}");
+    wait_until("the DaemonSet's new pod ready", Duration::from_secs(120), || {
+        let now = daemon_pod();
+        !now.is_empty()
+            && now != before
+            && c.kubectl(&["-n", "kube-system", "rollout", "status", "daemonset/plexus", "--timeout=1s"], None).0
+    });
+    let (_, ds) = c.kubectl(&["-n", "kube-system", "get", "daemonset", "plexus", "-o", "json"], None);
+    assert!(ds.contains("--max-concurrent=8"), "the upgrade's template");
+    // The pod on the plexus network stayed up: same sandbox, same address, no CNI ADD since.
+    assert_eq!(c.sandbox("default", "steady"), sandbox);
+    assert_eq!(c.pod_addrs("default", "steady"), addrs);
+    assert_eq!(c.cni_adds(), adds);
+    // And a pod after the upgrade gets its network from the new daemon.
+    c.apply(&c.pod("default", "after", "rail0"));
+    c.wait_ready("default", "pod/after", "90s");
+    assert_eq!(c.pod_addrs("default", "after"), BTreeSet::from(["net1 198.18.236.2/24".to_string()]));
+    c.delete("default", &["pod", "steady", "after"]);
+    wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
+    c.wait_no_state_or_cache();
+    // helm uninstall: the chart's pre-delete hook deletes the DaemonSet in the foreground, its pod
+    // removes plexus from the node; then the release's objects go.
+    assert_eq!(c.plexus_files_on_node().len(), 8, "{:?}", c.plexus_files_on_node());
+    c.uninstall("helm", true);
+    assert_eq!(c.plexus_files_on_node(), Vec::<String>::new());
+    assert!(Path::new(c.var("CLUSTER_NETWORK")).exists());
+    let (_, left) = c.kubectl(&["get", "clusterrole,clusterrolebinding", "-o", "name"], None);
+    assert!(!left.contains("/plexus"), "{left}");
+    let (_, left) =
+        c.kubectl(&["-n", "kube-system", "get", "all,configmap,serviceaccount,role,rolebinding", "-o", "name"], None);
+    assert!(!left.contains("plexus"), "{left}");
 }
 
 #[test]
@@ -1494,13 +1613,17 @@ fn with_the_daemon_gone_the_shim_runs_requests_itself_and_pods_start_and_go() {
     let c = Cluster::up_daemon_mode("");
     c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.252.0/24"));
     let before = c.node_state();
-    // The daemon stopped (its DaemonSet deleted: SIGTERM, socket removed): the shims run thin.
-    let (ok, out) = c.kubectl(&["-n", "kube-system", "delete", "daemonset", "plexus", "--wait=true"], None);
+    // The daemon stopped (its pod taken off the node, the DaemonSet kept — deleting the DaemonSet
+    // would uninstall plexus — : SIGTERM, socket removed): the shims run thin.
+    let off = r#"{"spec": {"template": {"spec": {"nodeSelector": {"plexus-test/nowhere": "x"}}}}}"#;
+    let (ok, out) = c.kubectl(&["-n", "kube-system", "patch", "daemonset", "plexus", "-p", off], None);
     assert!(ok, "{out}");
     wait_until("the daemon's pod gone", Duration::from_secs(60), || {
-        let (_, pods) = c.kubectl(&["-n", "kube-system", "get", "pods", "-l", "app=plexus", "-o", "name"], None);
+        let (_, pods) =
+            c.kubectl(&["-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=plexus", "-o", "name"], None);
         pods.trim().is_empty()
     });
+    assert!(c.plexus_files_on_node().iter().any(|f| f.ends_with("/plexus")), "plexus stays installed");
     c.apply(&c.pod("default", "alone", "rail0"));
     c.wait_ready("default", "pod/alone", "120s");
     assert_eq!(c.pod_addrs("default", "alone"), BTreeSet::from(["net1 198.19.252.1/24".to_string()]));

@@ -139,115 +139,220 @@ fn the_ipam_store_rbac_is_a_namespaced_role_with_only_what_the_kubernetes_store_
     assert_eq!(objs[1]["subjects"][0], json!({"kind": "ServiceAccount", "name": "plexus", "namespace": "kube-system"}));
 }
 
-fn manifests() -> Vec<Value> {
-    let mut all = Vec::new();
-    for f in ["crd.yaml", "rbac.yaml", "daemonset.yaml"] {
-        all.extend(yaml_docs(&examples().join("deploy").join(f)));
-    }
+fn deploy() -> PathBuf {
+    examples().join("deploy")
+}
+
+/// The plain manifests of `mode` (thin or daemon), CRD first, as `kubectl apply -k` reads them.
+fn manifests(mode: &str) -> Vec<Value> {
+    let mut all = yaml_docs(&deploy().join("crd/crd.yaml"));
+    all.extend(yaml_docs(&deploy().join(mode).join("plexus.yaml")));
     all
+}
+
+fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objs.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn workspace_version() -> String {
+    let cargo = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml")).unwrap();
+    let section = cargo.split("[workspace.package]").nth(1).unwrap();
+    let line = section.lines().find(|l| l.starts_with("version = ")).unwrap();
+    line.trim_start_matches("version = ").trim_matches('"').to_string()
+}
+
+fn helm() -> PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/peers.sh"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/peers.sh: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("helm")
 }
 
 #[test]
 fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
-    let objs = manifests();
-    for o in &objs {
-        for key in ["apiVersion", "kind"] {
-            assert!(o[key].as_str().is_some_and(|s| !s.is_empty()), "{key} missing in {o}");
+    for mode in ["thin", "daemon"] {
+        let objs = manifests(mode);
+        for o in &objs {
+            for key in ["apiVersion", "kind"] {
+                assert!(o[key].as_str().is_some_and(|s| !s.is_empty()), "{key} missing in {o}");
+            }
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            assert!(!name.is_empty() && name.len() <= 253, "metadata.name in {}", o["kind"]);
         }
-        let name = o["metadata"]["name"].as_str().unwrap_or_default();
-        assert!(!name.is_empty() && name.len() <= 253, "metadata.name in {}", o["kind"]);
+        let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "CustomResourceDefinition",
+                "ServiceAccount",
+                "ConfigMap",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "DaemonSet"
+            ],
+            "{mode}"
+        );
+        // The CRD names what plexus GETs.
+        let crd = &objs[0];
+        assert_eq!(crd["metadata"]["name"], "network-attachment-definitions.k8s.cni.cncf.io");
+        assert_eq!(crd["spec"]["group"], "k8s.cni.cncf.io");
+        assert_eq!(crd["spec"]["names"]["plural"], "network-attachment-definitions");
+        assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
+        let sa = of_kind(&objs, "ServiceAccount")[0];
+        // RBAC: exactly get+patch on pods and get on NADs for the shim, list+watch of both for the
+        // daemon's caches; the binding names the service account.
+        let role = of_kind(&objs, "ClusterRole")[0];
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch", "list", "watch"]},
+                    {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
+                     "verbs": ["get", "list", "watch"]}])
+        );
+        let binding = of_kind(&objs, "ClusterRoleBinding")[0];
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(binding["subjects"][0]["name"], sa["metadata"]["name"]);
+        assert_eq!(binding["subjects"][0]["namespace"], sa["metadata"]["namespace"]);
+        // plexus-install's own: get (is my DaemonSet gone?) and delete (the chart's uninstall hook)
+        // of its DaemonSet by name, nothing else.
+        let ds = of_kind(&objs, "DaemonSet")[0];
+        let install_role = of_kind(&objs, "Role")[0];
+        assert_eq!(
+            install_role["rules"],
+            json!([{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [ds["metadata"]["name"]],
+                    "verbs": ["get", "delete"]}])
+        );
+        assert_eq!(of_kind(&objs, "RoleBinding")[0]["subjects"][0]["name"], sa["metadata"]["name"]);
+        // DaemonSet: selector matches the template, the service account exists, every mount has a
+        // volume, the image is the workspace's version with no shell: plexus-install runs.
+        assert_eq!(ds["apiVersion"], "apps/v1");
+        assert_eq!(ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"]);
+        let spec = &ds["spec"]["template"]["spec"];
+        assert_eq!(spec["serviceAccountName"], sa["metadata"]["name"]);
+        let volumes: Vec<&str> =
+            spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+        let c = &spec["containers"][0];
+        assert_eq!(c["image"], format!("localhost/plexus:{}", workspace_version()));
+        assert!(c["command"].is_null(), "the image's entrypoint (plexus-install), no shell");
+        assert_eq!(c["args"][0], "run");
+        let args: Vec<&str> = c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert!(args.contains(&"--uninstall-when-removed=plexus"), "{args:?}");
+        assert!(args.contains(&"--meta-config=/etc/plexus/00-plexus.conflist"), "{args:?}");
+        for m in c["volumeMounts"].as_array().unwrap() {
+            assert!(volumes.contains(&m["name"].as_str().unwrap()), "mount {m} has no volume");
+        }
+        assert_eq!(spec["volumes"][1], json!({"name": "host", "hostPath": {"path": "/", "type": "Directory"}}));
+        let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+        assert_eq!(env[..3], ["NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR"]);
+        // The meta config the ConfigMap carries: a conflist plexus reads, naming the kubeconfig
+        // plexus-install writes.
+        let cm = of_kind(&objs, "ConfigMap")[0];
+        let meta: Value = serde_json::from_str(cm["data"]["00-plexus.conflist"].as_str().unwrap()).unwrap();
+        check_cni_config(&format!("{mode} meta config"), &meta);
+        assert_eq!(meta["plugins"][0]["type"], "plexus");
+        assert_eq!(meta["plugins"][0]["kubeconfig"], "/etc/cni/net.d/plexus.d/plexus.kubeconfig");
+        assert_eq!(meta["plugins"][0]["daemonSocket"].is_string(), mode == "daemon");
+        let text = std::fs::read_to_string(deploy().join(mode).join("plexus.yaml")).unwrap();
+        assert!(!text.contains("/bin/sh") && !text.contains("busybox"), "no shell anywhere");
     }
-    let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]);
-    // The CRD names what plexus GETs.
-    let crd = &objs[0];
-    assert_eq!(crd["metadata"]["name"], "network-attachment-definitions.k8s.cni.cncf.io");
-    assert_eq!(crd["spec"]["group"], "k8s.cni.cncf.io");
-    assert_eq!(crd["spec"]["names"]["plural"], "network-attachment-definitions");
-    assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
-    // RBAC: exactly get+patch on pods and get on NADs for the shim, list+watch of both for the
-    // daemon's caches; the binding names the service account.
-    let rules = &objs[2]["rules"];
-    assert_eq!(
-        rules,
-        &json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch", "list", "watch"]},
-                {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
-                 "verbs": ["get", "list", "watch"]}])
-    );
-    let binding = &objs[3];
-    assert_eq!(binding["roleRef"]["name"], objs[2]["metadata"]["name"]);
-    assert_eq!(binding["subjects"][0]["name"], objs[1]["metadata"]["name"]);
-    assert_eq!(binding["subjects"][0]["namespace"], objs[1]["metadata"]["namespace"]);
-    // DaemonSet: selector matches the template, the service account exists, every mount has a
-    // volume, the host's CNI dirs are mounted, the kubeconfig is rewritten when the token changes.
-    let ds = &objs[4];
-    assert_eq!(ds["apiVersion"], "apps/v1");
-    assert_eq!(ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"]);
-    let spec = &ds["spec"]["template"]["spec"];
-    assert_eq!(spec["serviceAccountName"], objs[1]["metadata"]["name"]);
-    let volumes: Vec<&str> = spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
-    let c = &spec["containers"][0];
-    assert!(c["image"].as_str().is_some_and(|i| !i.is_empty()));
-    for m in c["volumeMounts"].as_array().unwrap() {
-        assert!(volumes.contains(&m["name"].as_str().unwrap()), "mount {m} has no volume");
-    }
-    let host_paths: Vec<&str> =
-        spec["volumes"].as_array().unwrap().iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
-    assert_eq!(host_paths, ["/opt/cni/bin", "/etc/cni/net.d"]);
-    let script = c["args"][0].as_str().unwrap();
-    assert!(
-        script.contains("plexus.kubeconfig")
-            && script.contains("while sleep 60")
-            && script.contains("write_kubeconfig")
-    );
-    assert!(!script.contains("echo $TOKEN") && !script.contains("set -x"), "the token is never printed");
 }
 
 #[test]
-fn the_daemon_mode_daemonset_runs_plexus_daemon_in_the_hosts_root_with_probes_limits_and_current_credentials() {
-    let objs = manifests();
-    let docs = yaml_docs(&examples().join("deploy/daemonset-daemon.yaml"));
-    assert_eq!(docs.len(), 1);
-    let ds = &docs[0];
-    assert_eq!((ds["apiVersion"].as_str(), ds["kind"].as_str()), (Some("apps/v1"), Some("DaemonSet")));
-    assert_eq!(ds["metadata"], objs[4]["metadata"], "the same DaemonSet name: one mode or the other");
-    assert_eq!(ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"]);
+fn the_daemon_mode_daemonset_runs_plexus_daemon_in_the_hosts_root_with_probes_and_limits() {
+    let objs = manifests("daemon");
+    let ds = of_kind(&objs, "DaemonSet")[0];
+    let thin = manifests("thin");
+    assert_eq!(
+        ds["metadata"],
+        of_kind(&thin, "DaemonSet")[0]["metadata"],
+        "the same DaemonSet name: one mode or the other"
+    );
     let spec = &ds["spec"]["template"]["spec"];
-    assert_eq!(spec["serviceAccountName"], objs[1]["metadata"]["name"]);
     assert_eq!(spec["hostNetwork"], true);
     assert_eq!(spec["hostPID"], true, "after the chroot /proc is the host's: its PIDs must be the daemon's");
     let c = &spec["containers"][0];
     // The host's root, propagated (network namespaces appear after the daemon starts).
-    assert_eq!(spec["volumes"], json!([{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}]));
-    assert_eq!(
-        c["volumeMounts"],
-        json!([{"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}])
+    assert!(
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}))
     );
     let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(env, ["NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "DAEMON_SOCKET", "STATUS_JOURNAL"]);
     // The journal on the host's /run: kept across daemon restarts, gone with the node's sandboxes.
     assert_eq!(c["env"][4]["value"], "/run/plexus/network-status");
     assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
-    let script = c["args"][0].as_str().unwrap();
+    let args: Vec<&str> = c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let daemon = args.iter().position(|a| *a == "--").expect("the daemon after --");
+    assert_eq!(args[daemon + 1], "/plexus/bin/plexus-daemon");
     for needed in [
-        "exec /plexus/bin/plexus-daemon --host-root",
-        "--node-name \"$NODE_NAME\"",
-        "--socket \"$DAEMON_SOCKET\"",
-        "--status-journal \"$STATUS_JOURNAL\"",
-        "--metrics-address 127.0.0.1:9134",
-        "tokenFile: $d/token",
-        "while sleep 60",
-        "plexus-daemon; do",
+        "--host-root=/host",
+        "--kubeconfig=$(CNI_CONF_DIR)/plexus.d/plexus.kubeconfig",
+        "--node-name=$(NODE_NAME)",
+        "--socket=$(DAEMON_SOCKET)",
+        "--status-journal=$(STATUS_JOURNAL)",
+        "--metrics-address=127.0.0.1:9134",
+        "--shutdown-grace=30",
     ] {
-        assert!(script.contains(needed), "{needed:?} not in the script:\n{script}");
+        assert!(args[daemon..].contains(&needed), "{needed:?} not in {args:?}");
     }
-    assert!(!script.contains("set -x"), "the token is never printed");
     for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
         assert_eq!(c[probe]["httpGet"], json!({"host": "127.0.0.1", "port": 9134, "path": path}), "{probe}");
     }
-    assert!(c["resources"]["limits"]["memory"].as_str().is_some_and(|m| m.ends_with("Mi")));
+    assert_eq!(c["resources"]["limits"]["memory"], "256Mi");
     assert!(c["resources"]["requests"]["memory"].as_str().is_some_and(|m| m.ends_with("Mi")));
-    // Its grace outlasts the daemon's own (--shutdown-grace 30): requests taken finish.
+    // Its grace outlasts the daemon's own (--shutdown-grace=30): requests taken finish.
     assert!(spec["terminationGracePeriodSeconds"].as_u64().unwrap() > 30);
-    assert!(script.contains("--shutdown-grace 30"));
+}
+
+#[test]
+fn the_plain_manifests_are_the_charts_rendering_and_the_chart_lints_in_every_mode() {
+    let helm = helm();
+    let fresh = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/render-manifests.sh"))
+        .arg(fresh.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in [
+        "crd/crd.yaml",
+        "crd/kustomization.yaml",
+        "thin/plexus.yaml",
+        "thin/kustomization.yaml",
+        "daemon/plexus.yaml",
+        "daemon/kustomization.yaml",
+        "rbac-ipam-kubernetes.yaml",
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(fresh.path().join(f)).unwrap(),
+            std::fs::read_to_string(deploy().join(f)).unwrap(),
+            "conf-examples/deploy/{f} is not what the chart renders: run scripts/render-manifests.sh"
+        );
+    }
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/plexus");
+    let chart_yaml: Value = yaml_docs(&chart.join("Chart.yaml")).remove(0);
+    assert_eq!(chart_yaml["version"], workspace_version());
+    assert_eq!(chart_yaml["appVersion"], workspace_version());
+    for values in [
+        &["--set", "mode=thin"][..],
+        &["--set", "mode=daemon", "--set", "ipamKubernetesStore.enabled=true", "--set", "dashboard.enabled=true"],
+        &["--set", "uninstallFromNodes=false", "--set-json", r#"policy={"maxAttachments": 4}"#],
+    ] {
+        let lint =
+            std::process::Command::new(&helm).args(["lint", "--strict"]).arg(&chart).args(values).output().unwrap();
+        assert!(lint.status.success(), "helm lint {values:?}: {}", String::from_utf8_lossy(&lint.stdout));
+    }
+    let bad = std::process::Command::new(&helm)
+        .args(["template", "plexus"])
+        .arg(&chart)
+        .args(["--set", "mode=thick"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("mode \"thick\": thin or daemon"));
 }

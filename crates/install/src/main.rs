@@ -22,6 +22,7 @@ use nix::unistd::Pid;
 use plexus_cni::paths;
 use plexus_install::credentials::{self, Source};
 use plexus_install::node::{self, Installed, Layout};
+use plexus_k8s::api::Reply;
 
 #[derive(Parser)]
 #[command(
@@ -61,7 +62,21 @@ enum Cmd {
         #[command(flatten)]
         what: What,
     },
+    /// Delete the DaemonSet NAME (this pod's namespace) in the foreground and wait until it is
+    /// gone: each of its pods, running `run --uninstall-when-removed`, uninstalls on its way out.
+    /// The chart's pre-delete hook.
+    RemoveDaemonset {
+        name: String,
+        /// The pod's service account mount.
+        #[arg(long, default_value = SERVICE_ACCOUNT)]
+        service_account: PathBuf,
+        /// The longest wait for the pods to end.
+        #[arg(long, default_value_t = 120)]
+        timeout_seconds: u64,
+    },
 }
+
+const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// Where things come from and where they go. Set by the cluster admin (the DaemonSet's args).
 #[derive(Args)]
@@ -89,7 +104,7 @@ struct What {
     #[arg(long, default_value = paths::POLICY_FILE)]
     policy_path: PathBuf,
     /// The pod's service account mount; its token and CA become the node's kubeconfig.
-    #[arg(long, default_value = "/var/run/secrets/kubernetes.io/serviceaccount")]
+    #[arg(long, default_value = SERVICE_ACCOUNT)]
     service_account: PathBuf,
     /// Write no kubeconfig (plexus used without the Kubernetes API).
     #[arg(long)]
@@ -219,6 +234,10 @@ fn main_inner() -> Result<ExitCode> {
             plan.uninstall()?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::RemoveDaemonset { name, service_account, timeout_seconds } => {
+            remove_daemonset(&service_account, &name, Duration::from_secs(timeout_seconds))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Run { what, refresh_seconds, uninstall_when_removed, daemon } => {
             let plan = what.plan()?;
             run(&plan, Duration::from_secs(refresh_seconds.max(1)), uninstall_when_removed.as_deref(), &daemon)
@@ -334,24 +353,63 @@ fn stop(child: &mut Option<Child>, signal: Signal) -> u8 {
     }
 }
 
-/// Whether the DaemonSet `name` in this pod's namespace is gone or being deleted.
-fn removed(plan: &Plan, name: &str) -> Result<bool> {
-    let sa = &plan.service_account;
-    let ns = std::fs::read_to_string(sa.join("namespace")).context("the service account's namespace")?;
+/// The DaemonSet `name` of this pod's namespace: its API path and a client with this pod's
+/// service account.
+fn daemonset(service_account: &std::path::Path, name: &str) -> Result<(String, String, plexus_k8s::api::ApiClient)> {
+    let ns = std::fs::read_to_string(service_account.join("namespace")).context("the service account's namespace")?;
     let ns = ns.trim();
     for (what, v) in [("namespace", ns), ("DaemonSet name", name)] {
         if !plexus_k8s::selection::is_dns_label(v) {
             bail!("{what} {v:?} is not a Kubernetes object name");
         }
     }
-    let source = plan.credentials.as_ref().context("--no-kubeconfig: no API server to ask")?;
+    let env = |k| std::env::var(k).unwrap_or_default();
+    let source = Source::in_cluster(
+        service_account.to_path_buf(),
+        &env("KUBERNETES_SERVICE_HOST"),
+        &env("KUBERNETES_SERVICE_PORT"),
+    )?;
     let client = source.client(Duration::from_secs(5))?;
-    let path = format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}");
-    let reply =
-        client.send(&format!("get daemonset {ns}/{name}"), http::Method::GET, &path, "application/json", None)?;
+    Ok((format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"), format!("{ns}/{name}"), client))
+}
+
+/// Whether the DaemonSet `name` in this pod's namespace is gone or being deleted.
+fn removed(plan: &Plan, name: &str) -> Result<bool> {
+    if plan.credentials.is_none() {
+        bail!("--no-kubeconfig: no API server to ask");
+    }
+    let (path, shown, client) = daemonset(&plan.service_account, name)?;
+    let reply = client.send(&format!("get daemonset {shown}"), http::Method::GET, &path, "application/json", None)?;
     Ok(match reply {
-        plexus_k8s::api::Reply::NotFound => true,
-        plexus_k8s::api::Reply::Ok(ds) => !ds["metadata"]["deletionTimestamp"].is_null(),
-        plexus_k8s::api::Reply::Conflict(m) => bail!("{m}"),
+        Reply::NotFound => true,
+        Reply::Ok(ds) => !ds["metadata"]["deletionTimestamp"].is_null(),
+        Reply::Conflict(m) => bail!("{m}"),
     })
+}
+
+/// Delete in the foreground (the DaemonSet stays, being deleted, until its pods are gone), then
+/// wait for it to go.
+fn remove_daemonset(service_account: &std::path::Path, name: &str, timeout: Duration) -> Result<()> {
+    let (path, shown, client) = daemonset(service_account, name)?;
+    let body = serde_json::json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"});
+    let what = format!("delete daemonset {shown}");
+    match client.send(&what, http::Method::DELETE, &path, "application/json", Some(&body))? {
+        Reply::NotFound => {
+            log(&format!("DaemonSet {shown} is not there"));
+            return Ok(());
+        }
+        Reply::Conflict(m) => bail!("{what}: {m}"),
+        Reply::Ok(_) => log(&format!("DaemonSet {shown}: deleting in the foreground")),
+    }
+    let start = std::time::Instant::now();
+    loop {
+        match client.send(&format!("get daemonset {shown}"), http::Method::GET, &path, "application/json", None)? {
+            Reply::NotFound => {
+                log(&format!("DaemonSet {shown} is gone, its pods with it"));
+                return Ok(());
+            }
+            _ if start.elapsed() >= timeout => bail!("DaemonSet {shown} still there after {timeout:?}"),
+            _ => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
 }

@@ -194,6 +194,14 @@ pub fn uninstall(layout: &Layout, what: &Installed) -> Result<Vec<PathBuf>, Inst
             Err(e) => return Err(InstallError::io("remove", f)(e)),
         }
     }
+    // The policy's directory when it is plexus's own (named so, as the default /etc/cni/plexus)
+    // and nothing else is in it.
+    if what.policy
+        && let Some(dir) = layout.policy_path.parent().filter(|d| d.file_name().is_some_and(|n| n == "plexus"))
+        && fs::remove_dir(layout.on_host(dir)).is_ok()
+    {
+        removed.push(dir.to_path_buf());
+    }
     // The credentials directory is plexus's own: gone once empty (a leftover temp file included).
     let dir = layout.on_host(&creds);
     if let Ok(entries) = fs::read_dir(&dir) {
