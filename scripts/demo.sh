@@ -10,8 +10,13 @@ cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
 need_packages iproute2   # build-release.sh installs what the build needs (protoc)
 
-echo "== building plexus, plexus-macvlan and plexus-ipam (scripts/build-release.sh: what the demo runs)"
-BIN=$(bash scripts/build-release.sh -p plexus -p plexus-macvlan -p plexus-ipam)
+# PLEXUS_DEMO_BIN: binaries built already (scripts/arm64-check.sh runs the demo on the arm64 build).
+if [ -n "${PLEXUS_DEMO_BIN:-}" ]; then
+  BIN=$PLEXUS_DEMO_BIN
+else
+  echo "== building plexus, plexus-macvlan and plexus-ipam (scripts/build-release.sh: what the demo runs)"
+  BIN=$(bash scripts/build-release.sh -p plexus -p plexus-macvlan -p plexus-ipam)
+fi
 
 work=$(mktemp -d)
 node=plexus-demo-node-$$ pod=plexus-demo-pod-$$

@@ -18,27 +18,49 @@ fi
 #   etcd-server etcd-client      a real etcd (and etcdctl) for the cluster-wide IPAM store tests
 #   podman runc containerd busybox-static tar   real runtimes driving plexus (a busybox image made locally)
 #   openssl iptables util-linux  the real Kubernetes node (certificates, the service address, nsenter/unshare)
+#   gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils   the arm64 build and its run under qemu
 packages=(containernetworking-plugins iproute2 procps protobuf-compiler libprotobuf-dev etcd-server etcd-client
-          podman runc containerd busybox-static tar openssl iptables util-linux)
+          podman runc containerd busybox-static tar openssl iptables util-linux
+          gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils python3)
+# Each step's time, printed at the end (docs/CONTRIBUTING.md keeps the breakdown).
+times=()
+step_start=$SECONDS
+step() {
+  [ -n "${step_name:-}" ] && times+=("$((SECONDS - step_start)) s  $step_name")
+  step_name=$1 step_start=$SECONDS
+  echo "== $1"
+}
+step "Debian packages"
 need_packages "${packages[@]}"
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
-echo "== cnitool (built from Debian's source package; the tests drive plexus through it)"
+# Built from Debian's source package; the tests drive plexus through it.
+step "cnitool (scripts/tools/build-cnitool.sh)"
 bash scripts/tools/build-cnitool.sh
 
-echo "== the peers: Kubernetes, etcd, containerd, crictl, Multus, whereabouts, reference plugins (scripts/peers.sh;"
-echo "   built from tests/peers/ into a cache outside the clone: minutes the first time, instant after)"
+# The peers: Kubernetes, etcd, containerd, crictl, Multus, whereabouts, helm, reference plugins,
+# built from tests/peers/ into a cache outside the clone: minutes the first time, instant after.
+step "the peers (scripts/peers.sh)"
 bash scripts/peers.sh
 
-echo "== cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== build every binary (tests exec them)"
+step "build every binary (tests exec them)"
 cargo build --workspace --bins --locked
-echo "== the shipped build (scripts/build-release.sh), which the real-cluster tests install: built here,"
-echo "   not inside the first of them, so no test's time includes minutes of compiling"
+# The shipped build, which the real-cluster tests install: built here, not inside the first of
+# them, so no test's time includes minutes of compiling.
+step "the shipped build (scripts/build-release.sh)"
 bash scripts/build-release.sh > /dev/null
-echo "== tests"
+step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
-echo "== fuzz targets, 5 s each (scripts/fuzz.sh; built into /var/cache/plexus-fuzz, outside the clone)"
+# Built into /var/cache/plexus-fuzz, outside the clone.
+step "fuzz targets, 5 s each (scripts/fuzz.sh)"
 bash scripts/fuzz.sh 5
+# The shipped build cross-compiled for aarch64 and run under qemu-user; the image index of both.
+step "linux/arm64 (scripts/arm64-check.sh)"
+bash scripts/arm64-check.sh
+step done
+echo "== time by step"
+printf '  %s\n' "${times[@]}"
+echo "  $SECONDS s  in all"

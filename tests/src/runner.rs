@@ -25,8 +25,13 @@ pub fn enter_netns(cmd: &mut Command, path: &Path) {
 /// Where Debian's containernetworking-plugins installs the reference plugins.
 pub const REFERENCE_CNI_DIR: &str = "/usr/lib/cni";
 
-/// The directory cargo put this workspace's binaries in (next to the test executable's `deps`).
+/// The directory cargo put this workspace's binaries in (next to the test executable's `deps`),
+/// or `PLEXUS_TEST_BIN_DIR` when set: scripts/arm64-check.sh runs tests against the arm64 build,
+/// under qemu-user.
 pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PLEXUS_TEST_BIN_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe.parent().expect("deps dir");
     if dir.ends_with("deps") { dir.parent().unwrap().to_path_buf() } else { dir.to_path_buf() }

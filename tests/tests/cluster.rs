@@ -216,9 +216,16 @@ impl Cluster {
     }
 
     fn wait_event(&self, ns: &str, name: &str, text: &str) {
-        wait_until(&format!("{text:?} in the events of {ns}/{name}"), Duration::from_secs(90), || {
-            self.events(ns, name).contains(text)
-        });
+        let start = Instant::now();
+        while !self.events(ns, name).contains(text) {
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "{text:?} not in the events of {ns}/{name} within 90 s; they are: {}\nplexus.log ends:\n{}",
+                self.events(ns, name),
+                self.plexus_log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     /// Addresses plexus-ipam holds (files in every domain's `ips/`).
@@ -1474,7 +1481,7 @@ impl Cluster {
 
     /// The PID of this cluster's plexus-daemon (the one serving its socket), if it runs.
     fn daemon_pid(&self) -> Option<u32> {
-        let socket = self.state().join("run/plexus-daemon.sock").display().to_string();
+        let socket = format!("--socket={}", self.state().join("run/plexus-daemon.sock").display());
         std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
@@ -1482,6 +1489,13 @@ impl Cluster {
             let ours = args.first()?.ends_with(b"/plexus-daemon") && args.contains(&socket.as_bytes());
             ours.then_some(pid)
         })
+    }
+
+    /// The last `n` lines of [`Cluster::plexus_log`].
+    fn plexus_log_tail(&self, n: usize) -> String {
+        let log = self.plexus_log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// The shims' and the daemon's requests' log (the meta config's logFile).

@@ -50,7 +50,8 @@ impl Deadline {
         let now = SystemTime::now();
         let left = ms.saturating_sub(epoch_ms(now));
         let left = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
-        own.min(Deadline::after(left))
+        // The answer must reach the caller by its deadline: the work stops a moment before.
+        own.min(Deadline::after(left).a_moment_before())
     }
 
     pub fn instant(&self) -> Instant {
@@ -76,6 +77,15 @@ impl Deadline {
     pub fn keeping_for_undo(&self) -> Deadline {
         let left = self.remaining();
         Deadline(self.0 - (left / 4).min(UNDO_RESERVE_MAX))
+    }
+
+    /// A moment before this deadline — a twentieth of what is left, from 20 ms to 500 ms. A
+    /// delegate is given (and killed at) a moment before its caller's deadline, and works until a
+    /// moment before the one it was given: one that runs out of time still answers, and its
+    /// caller still has time to say so (and what it was doing) before its own deadline.
+    pub fn a_moment_before(&self) -> Deadline {
+        let left = self.remaining();
+        Deadline(self.0 - (left / 20).clamp(CHILD_MARGIN_MIN, CHILD_MARGIN_MAX).min(left))
     }
 
     /// As [`DEADLINE_ENV`] carries it.
@@ -126,9 +136,25 @@ fn wait_for(try_lock: impl Fn() -> Result<(), std::fs::TryLockError>, deadline: 
     }
 }
 
+/// The least and most [`Deadline::a_moment_before`] comes before.
+const CHILD_MARGIN_MIN: Duration = Duration::from_millis(20);
+const CHILD_MARGIN_MAX: Duration = Duration::from_millis(500);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delegate_runs_out_of_time_a_moment_before_its_caller() {
+        let d = Deadline::after(Duration::from_secs(11));
+        let child = d.a_moment_before();
+        let margin = d.instant() - child.instant();
+        assert_eq!(margin, Duration::from_millis(500), "a twentieth, at most 500 ms");
+        let short = Deadline::after(Duration::from_millis(100));
+        assert_eq!(short.instant() - short.a_moment_before().instant(), Duration::from_millis(20));
+        let passed = Deadline::after(Duration::ZERO);
+        assert!(passed.a_moment_before().passed());
+    }
 
     #[test]
     fn a_deadline_from_the_environment_only_ever_comes_sooner() {
@@ -150,9 +176,11 @@ mod tests {
         assert!(d.remaining() - work.remaining() >= Duration::from_secs(14), "at most 15 s kept back");
         let short = Deadline::after(Duration::from_secs(8)).keeping_for_undo();
         assert!(short.remaining() <= Duration::from_secs(6), "a quarter of what is left");
+        // Through the environment it arrives whole (to the millisecond), and the receiver works
+        // until a moment before it (500 ms of 85 s), so that its answer arrives in time.
         let again = Deadline::from_env(|_| Some(work.to_env()), Duration::from_secs(1000));
-        let diff = again.instant().max(work.instant()) - again.instant().min(work.instant());
-        assert!(diff < Duration::from_millis(20), "{diff:?}");
+        let before = work.instant().saturating_duration_since(again.instant());
+        assert!(before > Duration::from_millis(480) && before < Duration::from_millis(520), "{before:?}");
     }
 
     #[test]

@@ -144,6 +144,8 @@ fn start_delegate(
 ) -> Result<Running, Error> {
     let binary = find_plugin(plugin_type, &env.path)?;
     crate::fault::at(crate::fault::Point::Exec)?;
+    // Out of time a moment before this request: what ran out is still reported.
+    let env = &CniEnv { deadline: env.deadline.a_moment_before(), ..env.clone() };
     let stdin = serde_json::to_vec(config).map_err(|e| Error::internal(format!("encoding delegate config: {e}")))?;
     let failed = |e: std::io::Error| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}"));
     let run = match crate::builtin::lookup(&binary) {

@@ -328,13 +328,11 @@ mod tests {
         fs::write(t.path().join("host/etc/cni/net.d/10-bridge.conf"), "{}").unwrap();
         let what = Installed { binaries: &names, meta_config: Some("00-plexus.conflist"), policy: true };
         let removed = uninstall(&l, &what).unwrap();
-        assert_eq!(removed.len(), 6, "{removed:?}");
-        for gone in [
-            "opt/cni/bin/plexus",
-            "etc/cni/net.d/00-plexus.conflist",
-            "etc/cni/net.d/plexus.d",
-            "etc/cni/plexus/policy.json",
-        ] {
+        assert_eq!(removed.len(), 7, "{removed:?}");
+        // The policy's own directory (named plexus, empty once the policy is gone) goes too.
+        for gone in
+            ["opt/cni/bin/plexus", "etc/cni/net.d/00-plexus.conflist", "etc/cni/net.d/plexus.d", "etc/cni/plexus"]
+        {
             assert!(!t.path().join("host").join(gone).exists(), "{gone}");
         }
         assert!(t.path().join("host/opt/cni/bin/bridge").exists());

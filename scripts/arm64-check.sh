@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# plexus on linux/arm64, checked on this amd64 machine: the shipped build cross-compiled for
+# aarch64 (scripts/build-release.sh with PLEXUS_ARCH=arm64), then run under qemu-user through
+# binfmt_misc, so that plexus exec'ing its delegates runs them under qemu too:
+#   - the entry point's spec-corner checks (tests/tests/entry_point.rs: the same bad input yields
+#     the reference plugin's code and message) against the arm64 binaries;
+#   - the demo's ADD and DEL through `plexus` in namespaces (scripts/demo.sh, arm64 binaries).
+# scripts/test.sh runs it after the test suite. It registers a binfmt_misc handler for aarch64
+# ELF files when none is there, and removes only the one it registered.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib/packages.sh
+[ "$(id -u)" = 0 ] || { echo "arm64-check.sh: run as root (binfmt_misc, namespaces)" >&2; exit 1; }
+[ "$(uname -m)" = aarch64 ] && { echo "arm64-check.sh: this machine is arm64 already: the test suite runs there" >&2; exit 0; }
+need_packages qemu-user binutils
+
+echo "== the arm64 build (scripts/build-release.sh, PLEXUS_ARCH=arm64)"
+BIN=$(PLEXUS_ARCH=arm64 bash scripts/build-release.sh)
+for b in plexus plexus-macvlan plexus-ipam plexus-test-plugin; do
+  readelf -h "$BIN/$b" | grep -q 'Machine:.*AArch64' || { echo "arm64-check.sh: $BIN/$b is not an aarch64 binary" >&2; exit 1; }
+done
+
+binfmt=/proc/sys/fs/binfmt_misc
+mountpoint -q "$binfmt" || mount -t binfmt_misc binfmt_misc "$binfmt"
+ours=
+if ! grep -qls 'magic 7f454c460201010000000000000000000200b700' "$binfmt"/* 2> /dev/null; then
+  # ELF, 64-bit, little-endian, executable or shared object, machine 0xb7 (AArch64).
+  ours=plexus-aarch64-$$
+  printf ':%s:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:%s:F\n' \
+    "$ours" "$(command -v qemu-aarch64)" > "$binfmt/register"
+fi
+trap '[ -z "$ours" ] || echo -1 > "$binfmt/$ours"' EXIT
+echo '{"cniVersion": "1.0.0"}' | CNI_COMMAND=VERSION "$BIN/plexus" | grep -q supportedVersions \
+  || { echo "arm64-check.sh: the arm64 plexus does not run under qemu-user" >&2; exit 1; }
+
+echo "== the entry point's spec-corner checks, arm64 binaries under qemu-user"
+PLEXUS_TEST_BIN_DIR=$BIN cargo nextest run -p plexus-tests --test entry_point --locked --no-fail-fast
+
+echo "== the demo: ADD and DEL through plexus, arm64 binaries under qemu-user"
+out=$(PLEXUS_DEMO_BIN=$BIN bash scripts/demo.sh 2>&1) || { echo "$out"; exit 1; }
+echo "$out" | grep -q '"address": "198.18.100.2/24"' || { echo "$out"; echo "arm64-check.sh: no address in the ADD result" >&2; exit 1; }
+echo "$out" | grep -q 'interfaces left in the pod: lo $' || { echo "$out"; echo "arm64-check.sh: DEL left interfaces" >&2; exit 1; }
+echo "$out" | grep -q 'addresses held in the IPAM store: 0' || { echo "$out"; echo "arm64-check.sh: DEL left reservations" >&2; exit 1; }
+
+echo "== the DaemonSet image for linux/amd64 and linux/arm64 (scripts/build-image.sh), one index"
+work=$(mktemp -d)
+trap '[ -z "$ours" ] || echo -1 > "$binfmt/$ours"; rm -rf "$work"' EXIT
+ARCHES="amd64 arm64" IMAGE=localhost/plexus:check ARCHIVE=$work/image.tar PLEXUS_IMAGE_STORE=$work/store \
+  bash scripts/build-image.sh > /dev/null
+mkdir "$work/oci" && tar -C "$work/oci" -xf "$work/image.tar"
+python3 - "$work/oci" "$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)" << 'PY'
+import io, json, sys, tarfile, gzip
+root, version = sys.argv[1], sys.argv[2]
+blob = lambda d: open(f"{root}/blobs/sha256/{d.split(':')[1]}", "rb").read()
+index = json.loads(blob(json.load(open(f"{root}/index.json"))["manifests"][0]["digest"]))
+platforms = sorted(m["platform"]["architecture"] for m in index["manifests"])
+assert platforms == ["amd64", "arm64"], platforms
+machine = {"amd64": 62, "arm64": 183}  # ELF e_machine: x86-64, AArch64
+for m in index["manifests"]:
+    arch = m["platform"]["architecture"]
+    manifest = json.loads(blob(m["digest"]))
+    config = json.loads(blob(manifest["config"]["digest"]))
+    assert config["architecture"] == arch, config["architecture"]
+    assert config["config"]["Entrypoint"] == ["/plexus/bin/plexus-install"], config["config"]
+    labels = config["config"]["Labels"]
+    assert labels["org.opencontainers.image.version"] == version, labels
+    assert labels["org.opencontainers.image.revision"] not in ("", "unknown"), labels
+    files = {}
+    for layer in manifest["layers"]:
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob(layer["digest"])))) as t:
+            for member in t.getmembers():
+                if member.isfile():
+                    files[member.name] = t.extractfile(member).read(20)
+    names = sorted(n.removeprefix("./") for n in files)
+    want = sorted(f"plexus/bin/{b}" for b in ["plexus", "plexus-macvlan", "plexus-host-device", "plexus-ipam",
+                                                "plexusctl", "plexus-daemon", "plexus-install"])
+    assert names == want, f"{arch}: {names}"  # no shell, nothing else
+    for n, head in files.items():
+        assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == machine[arch], f"{arch} {n}"
+    print(f"image linux/{arch}: {len(names)} static binaries of its architecture, entrypoint plexus-install, version {version}")
+PY
+echo "arm64-check.sh: arm64 ADD/DEL through plexus and the entry point's checks pass under qemu-user; the image index holds both architectures"
