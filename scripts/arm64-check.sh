@@ -23,13 +23,18 @@ done
 binfmt=/proc/sys/fs/binfmt_misc
 mountpoint -q "$binfmt" || mount -t binfmt_misc binfmt_misc "$binfmt"
 ours=
+trap '[ -z "$ours" ] || echo -1 > "$binfmt/$ours"' EXIT
 if ! grep -qls 'magic 7f454c460201010000000000000000000200b700' "$binfmt"/* 2> /dev/null; then
   # ELF, 64-bit, little-endian, executable or shared object, machine 0xb7 (AArch64).
   ours=plexus-aarch64-$$
-  printf ':%s:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:%s:F\n' \
-    "$ours" "$(command -v qemu-aarch64)" > "$binfmt/register"
+  # The kernel reads the \x escapes itself: they are written as text, not as bytes (a NUL byte
+  # would end the magic early, and every 64-bit ELF file, this machine's own, would go to qemu).
+  magic='\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00'
+  mask='\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff'
+  echo ":$ours:M::$magic:$mask:$(command -v qemu-aarch64):F" > "$binfmt/register"
+  # This machine's own binaries must still run natively.
+  /bin/true || { echo -1 > "$binfmt/$ours"; echo "arm64-check.sh: the handler took native binaries" >&2; exit 1; }
 fi
-trap '[ -z "$ours" ] || echo -1 > "$binfmt/$ours"' EXIT
 echo '{"cniVersion": "1.0.0"}' | CNI_COMMAND=VERSION "$BIN/plexus" | grep -q supportedVersions \
   || { echo "arm64-check.sh: the arm64 plexus does not run under qemu-user" >&2; exit 1; }
 

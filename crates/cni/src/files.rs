@@ -11,7 +11,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, mkdirat};
 
 use crate::error::Error;
@@ -91,8 +91,8 @@ pub fn is_clean_absolute(path: &Path) -> bool {
 
 impl SafeDir {
     /// `path` beneath `root`: `root` is the admin's (opened as it is, created 0700 when
-    /// missing); every component below it must be a real directory, never a symlink (`openat2`
-    /// with `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`), created 0700 where missing when `create`.
+    /// missing); every component below it must be a real directory, never a symlink (opened one
+    /// at a time with `O_NOFOLLOW`), created 0700 where missing when `create`.
     pub fn open_beneath(root: &Path, path: &Path, create: bool) -> std::io::Result<SafeDir> {
         let rel = path.strip_prefix(root).map_err(|_| {
             std::io::Error::new(
@@ -121,9 +121,12 @@ impl SafeDir {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(std::io::Error::new(ErrorKind::InvalidInput, format!("invalid directory name {name:?}")));
         }
-        let how = OpenHow::new()
-            .flags(OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY)
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        // One plain component (no `/`, `.` or `..`) opened with O_NOFOLLOW: it cannot leave this
+        // directory, and a symlink is refused — what openat2's RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS
+        // gives, with plain openat, which kernels before 5.6 and qemu-user (the arm64 check)
+        // have too.
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+        let open = || openat(self.fd.as_fd(), name, flags, Mode::empty());
         let shown = self.shown.join(name);
         let is_link = || fs::symlink_metadata(self.join(name)).is_ok_and(|m| m.file_type().is_symlink());
         let explain = |e: Errno| {
@@ -134,13 +137,13 @@ impl SafeDir {
             };
             std::io::Error::new(std::io::Error::from(e).kind(), format!("{}: {why}", shown.display()))
         };
-        let fd = match openat2(self.fd.as_fd(), name, how) {
+        let fd = match open() {
             Err(Errno::ENOENT) if create => {
                 match mkdirat(self.fd.as_fd(), name, Mode::from_bits_truncate(0o700)) {
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(explain(e)),
                 }
-                openat2(self.fd.as_fd(), name, how).map_err(explain)?
+                open().map_err(explain)?
             }
             other => other.map_err(explain)?,
         };
