@@ -252,8 +252,8 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     let response = tokio::task::block_in_place(|| run(&daemon.meta, &request));
     daemon.running_slots.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, &slot));
     // Answered by the watchdog already (the request overran): nothing more to say.
-    let Some(held) = slot.take() else { return };
-    drop(held);
+    let Some((permit, pending)) = slot.take() else { return };
+    drop(permit);
     let code = (response.exit != 0).then(|| error_code(&response.stdout));
     daemon.metrics.request(&command, started.elapsed(), code);
     let body = serde_json::to_vec(&response).expect("json");
@@ -262,6 +262,8 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         tracing::warn!("the shim went away before its answer: {e}");
     }
     let _ = stream.shutdown().await;
+    // Pending until answered: a daemon stopping waits for this, not only for the request's end.
+    drop(pending);
 }
 
 /// A running request's slot (its permit to run and its place among the pending): given back by
