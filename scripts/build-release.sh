@@ -16,6 +16,7 @@ source scripts/lib/packages.sh
 # etcd-client's build script runs protoc (plexus-ipam's etcd store); a fresh machine has none.
 need_packages protobuf-compiler libprotobuf-dev
 host=$(rustc -vV | sed -n 's/^host: //p')
+target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
 case "${PLEXUS_ARCH:-}" in
   "") target=$host ;;
   amd64) target=x86_64-unknown-linux-gnu ;;
@@ -30,6 +31,10 @@ if [ "$target" != "$host" ]; then
   rustup target list --installed | grep -qx "$target" || rustup target add "$target" >&2
   triple_env=$(echo "$target" | tr 'a-z-' 'A-Z_')
   export "CARGO_TARGET_${triple_env}_LINKER=$cross-gcc" "CC_${target//-/_}=$cross-gcc" "AR_${target//-/_}=$cross-ar"
+  # A target dir of its own: cargo locks the host's release dir (build scripts) for a cross build
+  # too, and scripts/test.sh runs this one while the tests run the host's.
+  target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}/cross
+  export CARGO_TARGET_DIR=$target_dir
 fi
 # Called from a test (scripts/cluster-install.sh under cargo nextest), this script inherits the
 # variables cargo sets for the test crate. ring's build script reruns when CARGO_MANIFEST_DIR
@@ -43,4 +48,4 @@ unset CARGO_MANIFEST_DIR CARGO_MANIFEST_PATH CARGO_CRATE_NAME CARGO_BIN_NAME CAR
 # plexus); the stack, heap and mmap areas stay randomized.
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
   cargo build --release --locked --bins --target "$target" "${@:---workspace}" >&2
-echo "$(pwd)/target/$target/release"
+echo "$target_dir/$target/release"

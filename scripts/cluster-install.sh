@@ -99,9 +99,9 @@ patches:
 EOF
   kubectl apply -k "$work" > /dev/null
 fi
-for _ in $(seq 120); do
+for _ in $(seq 600); do
   [ -f "$CNI_CONF_DIR/00-plexus.conflist" ] && [ -f "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig" ] && break
-  sleep 1
+  sleep 0.2
 done
 [ -f "$CNI_CONF_DIR/00-plexus.conflist" ] || {
   echo "cluster-install.sh: the DaemonSet did not install plexus" >&2

@@ -42,20 +42,28 @@
 #   level, only the requests of the CNI plugins' service accounts (plexus, multus, whereabouts),
 #   to count API requests per pod.
 # - Eight RoCE ports (ens1f0np0 .. ens8f0np0, MTU 9000): an 8-rail GPU node.
+# - Two clusters may be up at once (PLEXUS_CLUSTER_SLOT): the kubelet keeps pod logs in the state
+#   dir (its log GC removes the directories of pods it does not know, another kubelet's too) and
+#   containerd runs without NRI (one socket per machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
 top=$(pwd)
 
-state=${PLEXUS_CLUSTER_DIR:-/var/lib/plexus-cluster}
-NODE_NETNS=plexus-k8s-node
-FABRIC_NETNS=plexus-k8s-fabric
+# PLEXUS_CLUSTER_SLOT=N: one of several clusters up at once (the tests run two), each with a
+# state dir and namespaces of its own; everything else is inside those namespaces.
+slot=${PLEXUS_CLUSTER_SLOT:-}
+state=${PLEXUS_CLUSTER_DIR:-/var/lib/plexus-cluster${slot:+-$slot}}
+NODE_NETNS=plexus-k8s-node${slot:+-$slot}
+FABRIC_NETNS=plexus-k8s-fabric${slot:+-$slot}
 NODE_NAME=plexus-node
 ADDR=198.18.250.1
 SERVICE_CIDR=198.19.250.0/24
 POD_CIDR=198.19.251.0/24
 TEST_IMAGE=localhost/plexus-busybox:test
 PAUSE_IMAGE=localhost/plexus-pause:test
+# Made when a cluster made the host's /var/lib/kubelet/device-plugins (shared by all of them).
+made_kubelet_dir=/run/plexus-cluster-made-var-lib-kubelet
 
 log() { echo "cluster.sh: $*" >&2; }
 in_node() { ip netns exec "$NODE_NETNS" "$@"; }
@@ -73,12 +81,13 @@ start() {
   echo $! > "$state/pids/$name"
 }
 
+# wait_for NAME SECONDS CMD...: until CMD succeeds, asked five times a second.
 wait_for() {
-  local what=$1 tries=$2
+  local what=$1 tries=$(($2 * 5))
   shift 2
   for _ in $(seq "$tries"); do
     "$@" > /dev/null 2>&1 && return 0
-    sleep 1
+    sleep 0.2
   done
   log "$what did not come up; its log:"
   tail -20 "$state/log/$what.log" >&2 || true
@@ -163,7 +172,15 @@ down() {
       kill -TERM -- "-$pid" 2> /dev/null || kill -TERM "$pid" 2> /dev/null || true
     fi
   done
-  sleep 1
+  # A second for them to end, then whatever is left is killed.
+  for _ in $(seq 10); do
+    alive=0
+    for f in "$state"/pids/*; do
+      [ -f "$f" ] && kill -0 -- "-$(cat "$f")" 2> /dev/null && alive=1
+    done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
   for f in "$state"/pids/*; do
     [ -f "$f" ] && { kill -KILL -- "-$(cat "$f")" 2> /dev/null || true; }
   done
@@ -179,11 +196,14 @@ down() {
   pkill -KILL -f "containerd-shim-runc-v2 .*-address $state/" 2> /dev/null || true
   ip netns del "$NODE_NETNS" 2> /dev/null || true
   ip netns del "$FABRIC_NETNS" 2> /dev/null || true
-  if [ -f "$state/made-var-lib-kubelet" ]; then
+  # The host's mount point for the device manager's directory goes with the last cluster (each
+  # makes its namespaces before it needs the directory).
+  if [ -f "$made_kubelet_dir" ] && ! ip netns list | grep -q '^plexus-k8s-node'; then
     rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2> /dev/null || true
+    rm -f "$made_kubelet_dir"
   fi
   if [ -d "$state" ]; then
-    { grep " $state" /proc/mounts || true; } | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2> /dev/null || true; done
+    { grep -E " $state[/ ]" /proc/mounts || true; } | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2> /dev/null || true; done
     rm -rf "$state"
   fi
 }
@@ -327,6 +347,8 @@ state = "$state/containerd/state"
   level = "debug"
 [ttrpc]
   address = "$state/containerd-ttrpc.sock"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
@@ -364,7 +386,7 @@ EOF
   # host only when missing, and removed by `down` then.
   if [ ! -d /var/lib/kubelet/device-plugins ]; then
     mkdir -p /var/lib/kubelet/device-plugins
-    touch "$state/made-var-lib-kubelet"
+    touch "$made_kubelet_dir"
   fi
   mkdir -p "$state/kubelet/device-plugins"
   nsenter --mount="$state/mnt" mount --bind "$state/kubelet/device-plugins" /var/lib/kubelet/device-plugins
@@ -384,6 +406,7 @@ authorization: {mode: AlwaysAllow}
 clusterDomain: cluster.local
 podCIDR: $POD_CIDR
 staticPodPath: "$state/manifests"
+podLogsDir: "$state/pod-logs"
 EOF
   mkdir -p "$state/manifests"
   daemon kubelet

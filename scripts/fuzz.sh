@@ -8,6 +8,7 @@
 #   bash scripts/fuzz.sh 600 result    # one target, 10 minutes
 #   PLEXUS_FUZZ_RUNS=10000000 bash scripts/fuzz.sh 0 rdma   # a number of executions instead
 #   PLEXUS_FUZZ_JOBS=2 bash scripts/fuzz.sh 60               # two targets at a time (one core each)
+#   bash scripts/fuzz.sh --build-only  # only the build (scripts/test.sh, while the tests run)
 #
 # Built optimised with debug assertions (overflow checks on), with the nightly toolchain
 # (sanitizers) and cargo-fuzz, installed here when missing. The build, the growing corpora and the
@@ -16,6 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+build_only=
+[ "${1:-}" = --build-only ] && { build_only=1; shift; }
 secs=${1:-60}
 shift || true
 dir=${PLEXUS_FUZZ_DIR:-/var/cache/plexus-fuzz}
@@ -32,6 +35,7 @@ targets=("$@")
 
 echo "== cargo fuzz build (${#all[@]} targets; target dir $dir/target)"
 cargo +nightly fuzz build -O --debug-assertions --target-dir "$dir/target" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
+[ -z "$build_only" ] || exit 0
 bin=$dir/target/x86_64-unknown-linux-gnu/release
 
 rm -rf "$dir/seeds"

@@ -30,17 +30,55 @@ step() {
   step_name=$1 step_start=$SECONDS
   echo "== $1"
 }
+# Builds that only later steps need run in the background beside the steps in the foreground
+# (2 cores: one build's download, link or serial stretch is the other's CPU), their output in a
+# log shown when they fail. `later KEY TITLE CMD...` starts one, `await KEY` waits for it.
+bg=$(mktemp -d)
+declare -A bg_pid=() bg_title=()
+trap 'for p in "${bg_pid[@]}"; do kill -- -"$p" 2> /dev/null || true; done; rm -rf "$bg"' EXIT
+later() {
+  local key=$1 title=$2
+  shift 2
+  echo "== started in the background: $title"
+  bg_title[$key]=$title
+  set -m
+  ( s=$SECONDS rc=0; "$@" > "$bg/$key.log" 2>&1 || rc=$?; echo "$rc $((SECONDS - s))" > "$bg/$key.rc"; exit "$rc" ) &
+  set +m
+  bg_pid[$key]=$!
+}
+await() {
+  local key=$1 rc secs
+  wait "${bg_pid[$key]}" || true
+  unset "bg_pid[$key]"
+  read -r rc secs < "$bg/$key.rc"
+  times+=("$secs s  ${bg_title[$key]} (in the background)")
+  if [ "$rc" != 0 ]; then
+    tail -60 "$bg/$key.log"
+    echo "== ${bg_title[$key]} failed (exit $rc)" >&2
+    exit 1
+  fi
+}
+
 step "Debian packages"
 need_packages "${packages[@]}"
-command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+# Started now, needed later: the peers (Kubernetes, etcd, containerd, crictl, Multus, whereabouts,
+# helm, reference plugins, built from tests/peers/ into a cache outside the clone: minutes the
+# first time, nothing after) and the shipped build, which the real-cluster tests install; the
+# fuzz targets and the arm64 build, needed only after the tests, at the lowest priority, so they
+# take only what CPU the rest leaves. The arm64 build has a target dir of its own (cargo's locks
+# never make one build wait for another); the fuzz targets build into /var/cache/plexus-fuzz.
+later peers "the peers (scripts/peers.sh)" bash scripts/peers.sh
+later release "the shipped build (scripts/build-release.sh)" bash scripts/build-release.sh
+later later-builds "fuzz and arm64 builds, at nice 19" nice -n 19 bash -c \
+  'bash scripts/fuzz.sh --build-only && PLEXUS_ARCH=arm64 bash scripts/build-release.sh'
+# Without its self-update (an HTTP client and archive formats nobody here uses), and optimised
+# less: it starts processes, and builds in about half the time.
+step "cargo-nextest"
+command -v cargo-nextest > /dev/null ||
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 cargo install --locked cargo-nextest --no-default-features --features default-no-update
 # Built from Debian's source package; the tests drive plexus through it.
 step "cnitool (scripts/tools/build-cnitool.sh)"
 bash scripts/tools/build-cnitool.sh
-
-# The peers: Kubernetes, etcd, containerd, crictl, Multus, whereabouts, helm, reference plugins,
-# built from tests/peers/ into a cache outside the clone: minutes the first time, instant after.
-step "the peers (scripts/peers.sh)"
-bash scripts/peers.sh
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -48,13 +86,14 @@ step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build every binary (tests exec them)"
 cargo build --workspace --bins --locked
-# The shipped build, which the real-cluster tests install: built here, not inside the first of
-# them, so no test's time includes minutes of compiling.
-step "the shipped build (scripts/build-release.sh)"
-bash scripts/build-release.sh > /dev/null
+step "waiting for the shipped build and the peers"
+await release
+await peers
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
-# Built into /var/cache/plexus-fuzz, outside the clone.
+step "waiting for the fuzz and arm64 builds"
+await later-builds
+# The regressions replayed, then each target fuzzed for 5 s.
 step "fuzz targets, 5 s each (scripts/fuzz.sh)"
 bash scripts/fuzz.sh 5
 # The shipped build cross-compiled for aarch64 and run under qemu-user; the image index of both.

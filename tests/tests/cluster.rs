@@ -5,14 +5,15 @@
 //! ServiceAccount, least RBAC, ConfigMap, DaemonSet) or the Helm chart (deploy/helm/plexus), and
 //! from then on kubelet → containerd → plexus sets up every pod's networks.
 //!
-//! Each test brings up a cluster of its own (about a minute) and they share the node's names, so
-//! they run one at a time: a lock here for `cargo test`, the `cluster` test group for nextest
+//! Each test brings up a cluster of its own (about half a minute) in one of [`SLOTS`] slots (a
+//! state dir and namespaces each, `PLEXUS_CLUSTER_SLOT`), so two run at once: a slot is a file
+//! lock here, and nextest's `cluster` test group runs as many tests as there are slots
 //! (.config/nextest.toml).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -21,12 +22,30 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+/// How many clusters may be up at once: the tests are more waiting than computing, and two
+/// fill this machine's two cores (`PLEXUS_CLUSTER_SLOTS` sets another number).
+const SLOTS: u32 = 2;
 
-/// The cluster, removed on drop (panics included).
+/// A slot of its own for this cluster: the first whose lock is free, waited for.
+fn take_slot() -> (u32, nix::fcntl::Flock<std::fs::File>) {
+    let slots = std::env::var("PLEXUS_CLUSTER_SLOTS").ok().and_then(|n| n.parse().ok()).unwrap_or(SLOTS).max(1);
+    loop {
+        for slot in 0..slots {
+            let path = format!("/run/lock/plexus-cluster-slot-{slot}");
+            let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).unwrap();
+            if let Ok(lock) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                return (slot, lock);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The cluster, removed on drop (panics included), then its slot given back.
 struct Cluster {
     env: BTreeMap<String, String>,
-    _one: MutexGuard<'static, ()>,
+    slot: u32,
+    _slot: nix::fcntl::Flock<std::fs::File>,
 }
 
 impl Cluster {
@@ -49,11 +68,11 @@ impl Cluster {
     /// A cluster with plexus installed by `with`: "manifests" (`kubectl apply -k`) or "helm".
     fn up_installed_with(meta_keys: &str, sysfs: Option<&Path>, daemon_mode: bool, with: &str) -> Cluster {
         plexus_tests::require_root();
-        let one = ONE_CLUSTER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (slot, lock) = take_slot();
         // Removed on drop from here on, also when coming up fails halfway.
-        let mut c = Cluster { env: BTreeMap::new(), _one: one };
-        let out = Command::new("bash")
-            .arg(repo().join("scripts/cluster.sh"))
+        let mut c = Cluster { env: BTreeMap::new(), slot, _slot: lock };
+        let out = c
+            .script("cluster.sh")
             .arg("up")
             .env("PLEXUS_CLUSTER_SYSFS", sysfs.map(Path::as_os_str).unwrap_or_default())
             .output()
@@ -66,8 +85,8 @@ impl Cluster {
         for key in ["KUBECONFIG", "NODE_NETNS", "NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "TEST_IMAGE", "PEERS_BIN"] {
             assert!(c.env.contains_key(key), "cluster.sh up printed no {key}");
         }
-        let install = Command::new("bash")
-            .arg(repo().join("scripts/cluster-install.sh"))
+        let install = c
+            .script("cluster-install.sh")
             .envs(&c.env)
             .env("PLEXUS_META_KEYS", meta_keys)
             .env("PLEXUS_DAEMON_MODE", if daemon_mode { "1" } else { "" })
@@ -76,6 +95,13 @@ impl Cluster {
             .unwrap();
         assert!(install.status.success(), "cluster-install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
         c
+    }
+
+    /// One of scripts/, run for this cluster's slot.
+    fn script(&self, name: &str) -> Command {
+        let mut cmd = Command::new("bash");
+        cmd.arg(repo().join("scripts").join(name)).env("PLEXUS_CLUSTER_SLOT", self.slot.to_string());
+        cmd
     }
 
     fn var(&self, key: &str) -> &str {
@@ -100,8 +126,8 @@ impl Cluster {
 
     /// `cluster-install.sh --uninstall`, as README says for the way it was installed.
     fn uninstall(&self, with: &str, daemon_mode: bool) {
-        let out = Command::new("bash")
-            .arg(repo().join("scripts/cluster-install.sh"))
+        let out = self
+            .script("cluster-install.sh")
             .arg("--uninstall")
             .envs(&self.env)
             .env("PLEXUS_DAEMON_MODE", if daemon_mode { "1" } else { "" })
@@ -310,7 +336,7 @@ impl Cluster {
 
     /// `cluster.sh stop|start|restart DAEMON`.
     fn daemon(&self, action: &str, name: &str) {
-        let out = Command::new("bash").arg(repo().join("scripts/cluster.sh")).args([action, name]).output().unwrap();
+        let out = self.script("cluster.sh").args([action, name]).output().unwrap();
         assert!(out.status.success(), "cluster.sh {action} {name}:\n{}", String::from_utf8_lossy(&out.stderr));
     }
 
@@ -361,7 +387,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = Command::new("bash").arg(repo().join("scripts/cluster.sh")).arg("down").output();
+        let _ = self.script("cluster.sh").arg("down").output();
     }
 }
 
