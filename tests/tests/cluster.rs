@@ -124,6 +124,17 @@ impl Cluster {
         found
     }
 
+    /// [`Cluster::uninstall`] of an installed plexus: its 8 files on the node before, none after,
+    /// the cluster network kept, no cluster-wide RBAC of plexus left.
+    fn uninstall_leaving_nothing(&self, with: &str, daemon_mode: bool) {
+        assert_eq!(self.plexus_files_on_node().len(), 8, "{:?}", self.plexus_files_on_node());
+        self.uninstall(with, daemon_mode);
+        assert_eq!(self.plexus_files_on_node(), Vec::<String>::new());
+        assert!(Path::new(self.var("CLUSTER_NETWORK")).exists());
+        let (_, left) = self.kubectl(&["get", "clusterrole,clusterrolebinding", "-o", "name"], None);
+        assert!(!left.contains("/plexus"), "{left}");
+    }
+
     /// `cluster-install.sh --uninstall`, as README says for the way it was installed.
     fn uninstall(&self, with: &str, daemon_mode: bool) {
         let out = self
@@ -434,12 +445,7 @@ fn kubelet_runs_a_pod_on_two_plexus_networks_and_a_missing_nad_fails_cleanly() {
     wait_until("no cache left", Duration::from_secs(30), || c.data_files("meta") == 0);
     // Uninstalled as README says for the plain manifests (the DaemonSet in the foreground, then
     // the rest): its pod removed plexus from the node on its way out; the cluster network stays.
-    assert_eq!(c.plexus_files_on_node().len(), 8, "{:?}", c.plexus_files_on_node());
-    c.uninstall("manifests", false);
-    assert_eq!(c.plexus_files_on_node(), Vec::<String>::new());
-    assert!(Path::new(c.var("CLUSTER_NETWORK")).exists());
-    let (_, left) = c.kubectl(&["get", "clusterrole,clusterrolebinding", "-o", "name"], None);
-    assert!(!left.contains("/plexus"), "{left}");
+    c.uninstall_leaving_nothing("manifests", false);
 }
 
 #[test]
@@ -506,12 +512,7 @@ fn with_helm_plexus_installs_upgrades_under_a_running_pod_and_uninstalls_leaving
     c.wait_no_state_or_cache();
     // helm uninstall: the chart's pre-delete hook deletes the DaemonSet in the foreground, its pod
     // removes plexus from the node; then the release's objects go.
-    assert_eq!(c.plexus_files_on_node().len(), 8, "{:?}", c.plexus_files_on_node());
-    c.uninstall("helm", true);
-    assert_eq!(c.plexus_files_on_node(), Vec::<String>::new());
-    assert!(Path::new(c.var("CLUSTER_NETWORK")).exists());
-    let (_, left) = c.kubectl(&["get", "clusterrole,clusterrolebinding", "-o", "name"], None);
-    assert!(!left.contains("/plexus"), "{left}");
+    c.uninstall_leaving_nothing("helm", true);
     let (_, left) =
         c.kubectl(&["-n", "kube-system", "get", "all,configmap,serviceaccount,role,rolebinding", "-o", "name"], None);
     assert!(!left.contains("plexus"), "{left}");
