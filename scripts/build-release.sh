@@ -42,6 +42,9 @@ fi
 # minutes inside a test, then again outside it. The build sees what a shell would.
 unset CARGO_MANIFEST_DIR CARGO_MANIFEST_PATH CARGO_CRATE_NAME CARGO_BIN_NAME CARGO_PRIMARY_PACKAGE \
   CARGO_TARGET_TMPDIR OUT_DIR "${!CARGO_PKG_@}"
+# scripts/test.sh builds the tests with clippy's driver as the workspace's compiler; the shipped
+# build is rustc's alone (and is not rebuilt when a test calls this script).
+unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 # --target keeps RUSTFLAGS off build scripts and proc-macros, which cannot be static.
 # Not position-independent (relocation-model=static), like the Go reference plugins: a static-pie
 # binary first applies its ~16k relocations and copies .data.rel.ro on every start (~0.15 ms for

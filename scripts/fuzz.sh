@@ -9,6 +9,8 @@
 #   PLEXUS_FUZZ_RUNS=10000000 bash scripts/fuzz.sh 0 rdma   # a number of executions instead
 #   PLEXUS_FUZZ_JOBS=2 bash scripts/fuzz.sh 60               # two targets at a time (one core each)
 #   bash scripts/fuzz.sh --build-only  # only the build (scripts/test.sh, while the tests run)
+#   PLEXUS_FUZZ_OPT_LEVEL=1 bash scripts/fuzz.sh 5   # built less optimised, in less time
+#                                                      # (scripts/test.sh's 5-second runs)
 #
 # Built optimised with debug assertions (overflow checks on), with the nightly toolchain
 # (sanitizers) and cargo-fuzz, installed here when missing. The build, the growing corpora and the
@@ -25,7 +27,8 @@ dir=${PLEXUS_FUZZ_DIR:-/var/cache/plexus-fuzz}
 mkdir -p "$dir"
 
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
-command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+# A command that runs cargo: not optimised, it builds in less time.
+command -v cargo-fuzz >/dev/null || CARGO_PROFILE_RELEASE_OPT_LEVEL=0 cargo install --locked cargo-fuzz
 # The fuzz workspace resolves the versions the main workspace pinned.
 cp Cargo.lock fuzz/Cargo.lock
 
@@ -34,7 +37,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
 echo "== cargo fuzz build (${#all[@]} targets; target dir $dir/target)"
-cargo +nightly fuzz build -O --debug-assertions --target-dir "$dir/target" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
+CARGO_PROFILE_RELEASE_OPT_LEVEL=${PLEXUS_FUZZ_OPT_LEVEL:-3} cargo +nightly fuzz build -O --debug-assertions --target-dir "$dir/target" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
 [ -z "$build_only" ] || exit 0
 bin=$dir/target/x86_64-unknown-linux-gnu/release
 

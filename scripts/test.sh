@@ -61,44 +61,66 @@ await() {
 
 step "Debian packages"
 need_packages "${packages[@]}"
-# Started now, needed later: the peers (Kubernetes, etcd, containerd, crictl, Multus, whereabouts,
-# helm, reference plugins, built from tests/peers/ into a cache outside the clone: minutes the
-# first time, nothing after) and the shipped build, which the real-cluster tests install; the
-# fuzz targets and the arm64 build, needed only after the tests, at the lowest priority, so they
-# take only what CPU the rest leaves. The arm64 build has a target dir of its own (cargo's locks
-# never make one build wait for another); the fuzz targets build into /var/cache/plexus-fuzz.
+# How the lints run (see the clippy step): the workspace's compiler and its arguments.
+clippy_driver=$(rustup which clippy-driver) clippy_args=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+# Started now, needed later: the peers (Kubernetes, etcd, containerd, crictl, whereabouts, helm,
+# reference plugins, built from tests/peers/ into a cache outside the clone: minutes the first
+# time, nothing after), the shipped build, which the real-cluster tests install, and cnitool.
+# The fuzz targets and the arm64 build at the lowest priority, so they take only what CPU the
+# rest leaves. The arm64 build has a target dir of its own (cargo's locks never make one build
+# wait for another); the fuzz targets build into /var/cache/plexus-fuzz.
 later peers "the peers (scripts/peers.sh)" bash scripts/peers.sh
 later release "the shipped build (scripts/build-release.sh)" bash scripts/build-release.sh
-later later-builds "fuzz and arm64 builds, at nice 19" nice -n 19 bash -c \
-  'bash scripts/fuzz.sh --build-only && PLEXUS_ARCH=arm64 bash scripts/build-release.sh'
-# Without its self-update (an HTTP client and archive formats nobody here uses), and optimised
-# less: it starts processes, and builds in about half the time.
+# Built from Debian's source package; the tests drive plexus through it.
+later cnitool "cnitool (scripts/tools/build-cnitool.sh)" bash scripts/tools/build-cnitool.sh
+# Once the tests' own builds are done ($bg/built), while the tests run (they mostly wait on their
+# clusters): the fuzz targets, 5 s each after their regressions, and the arm64 build checked under
+# qemu-user (its entry-point checks, the demo, the image index of both architectures). Their
+# reports are shown after the tests.
+later checks "fuzz and arm64 builds and checks, at nice 19" nice -n 19 env PLEXUS_FUZZ_OPT_LEVEL=1 bash -c '
+  bash scripts/fuzz.sh --build-only && PLEXUS_ARCH=arm64 bash scripts/build-release.sh > /dev/null &&
+  until [ -e "$0/built" ]; do sleep 1; done &&
+  { bash scripts/fuzz.sh 5 > "$0/fuzz.out" 2>&1 || { cat "$0/fuzz.out"; exit 1; }; } &&
+  { RUSTC_WORKSPACE_WRAPPER=$1 CLIPPY_ARGS=$2 bash scripts/arm64-check.sh > "$0/arm64.out" 2>&1 ||
+    { cat "$0/arm64.out"; exit 1; }; }' "$bg" "$clippy_driver" "$clippy_args"
+# Without its self-update (an HTTP client and archive formats nobody here uses), and not
+# optimised: it starts processes, and builds in about half the time.
 step "cargo-nextest"
 command -v cargo-nextest > /dev/null ||
-  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 cargo install --locked cargo-nextest --no-default-features --features default-no-update
-# Built from Debian's source package; the tests drive plexus through it.
-step "cnitool (scripts/tools/build-cnitool.sh)"
-bash scripts/tools/build-cnitool.sh
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=0 cargo install --locked cargo-nextest --no-default-features --features default-no-update
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
-step "cargo clippy -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-step "build every binary (tests exec them)"
-cargo build --workspace --bins --locked
-step "waiting for the shipped build and the peers"
+# clippy's driver is rustc with clippy's lints: made the workspace's compiler (dependencies are
+# compiled by rustc as ever), one build lints every target with -D warnings, exactly as
+# `cargo clippy --workspace --all-targets -- -D warnings`, and makes the binaries the tests exec
+# and the tests themselves, where clippy and then the build compiled every dependency twice.
+# CLIPPY_ARGS is how cargo-clippy hands its arguments to the driver; the probe shows the driver
+# takes them (a lint it must deny) before the build relies on it. The later cargo commands here
+# (nextest, the arm64 check's) keep both variables, so they build nothing again.
+step "cargo clippy -D warnings and the build of every target, in one pass"
+export RUSTC_WORKSPACE_WRAPPER=$clippy_driver CLIPPY_ARGS=$clippy_args
+if echo 'pub fn f(v: &Vec<u8>) -> usize { v.len() }' | CARGO_PRIMARY_PACKAGE=1 "$RUSTC_WORKSPACE_WRAPPER" rustc - \
+    --edition 2024 --crate-type lib --crate-name probe --emit metadata -o "$bg/probe.rmeta" 2> /dev/null; then
+  echo "scripts/test.sh: clippy-driver did not deny clippy::ptr_arg with CLIPPY_ARGS=$CLIPPY_ARGS" >&2
+  exit 1
+fi
+cargo build --workspace --all-targets --locked
+touch "$bg/built"
+step "waiting for the shipped build, the peers and cnitool"
 await release
 await peers
+await cnitool
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
-step "waiting for the fuzz and arm64 builds"
-await later-builds
-# The regressions replayed, then each target fuzzed for 5 s.
-step "fuzz targets, 5 s each (scripts/fuzz.sh)"
-bash scripts/fuzz.sh 5
+step "waiting for the fuzz and arm64 checks"
+await checks
+# The regressions replayed, then each target fuzzed for 5 s (scripts/fuzz.sh).
+echo "== fuzz targets, 5 s each"
+cat "$bg/fuzz.out"
 # The shipped build cross-compiled for aarch64 and run under qemu-user; the image index of both.
-step "linux/arm64 (scripts/arm64-check.sh)"
-bash scripts/arm64-check.sh
+echo "== linux/arm64 (scripts/arm64-check.sh)"
+tail -3 "$bg/arm64.out"
 step done
 echo "== time by step"
 printf '  %s\n' "${times[@]}"
