@@ -336,17 +336,17 @@ fn delegates_run_in_process_leave_no_descriptor_behind_in_the_daemon() {
         cycle();
     }
     // The shim has its answer before the daemon's task drops the connection: a descriptor may
-    // still be closing (once seen open after 2 s with the machine loaded: a pipe). A leak does
-    // not go away.
+    // still be closing (once seen open after 2 s with the machine loaded: a pipe), after the
+    // first cycle as after the last (once the first count held the first cycle's socket, and the
+    // count after 30 cycles was one lower). A leak grows with the cycles and does not go away.
     let start = Instant::now();
     let mut now = fds();
     while now.len() > before && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
         now = fds();
     }
-    assert_eq!(
-        now.len(),
-        before,
+    assert!(
+        now.len() <= before,
         "descriptors left open by 30 in-process ADD/DEL cycles: {now:?} (after the first: {first:?})"
     );
     assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
