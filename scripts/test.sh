@@ -84,7 +84,8 @@ later checks "fuzz and arm64 builds and checks, at nice 19" nice -n 19 env PLEXU
   { RUSTC_WORKSPACE_WRAPPER=$1 CLIPPY_ARGS=$2 bash scripts/arm64-check.sh > "$0/arm64.out" 2>&1 ||
     { cat "$0/arm64.out"; exit 1; }; }' "$bg" "$clippy_driver" "$clippy_args"
 # Without its self-update (an HTTP client and archive formats nobody here uses), and not
-# optimised: it starts processes, and builds in about half the time.
+# optimised: it starts processes (cold, beside the background builds, 402 s against 981 s at
+# opt-level 1).
 step "cargo-nextest"
 command -v cargo-nextest > /dev/null ||
   CARGO_PROFILE_RELEASE_OPT_LEVEL=0 cargo install --locked cargo-nextest --no-default-features --features default-no-update
