@@ -79,6 +79,10 @@ export CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=readonly
 # The linker drops the debug info (-w) and the symbol table (-s); the compiler is told not to make
 # the debug info in the first place (-dwarf=false): a fifth less compile time (helm: 285 -> 231
 # CPU seconds) for the same stripped binaries.
+# The compiler collects its garbage a quarter as often (GOGC=400, for the build only, never for
+# the binaries it makes): whereabouts from a cold build cache in 119 instead of 160 CPU seconds,
+# each compile at most 600 instead of 530 MB (GOGC=off: 112 s, 1 GB).
+export GOGC=400
 
 minor=$(echo "$k8s_version" | cut -d. -f2)
 k8s_ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1"

@@ -61,39 +61,48 @@ await() {
 
 step "Debian packages"
 need_packages "${packages[@]}"
+# The arm64 build's Rust target, added here: rustup is not to be run twice at once, and the fuzz
+# job below installs the nightly toolchain.
+rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
 # How the lints run (see the clippy step): the workspace's compiler and its arguments.
 clippy_driver=$(rustup which clippy-driver) clippy_args=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 # Started now, needed later: the peers (Kubernetes, etcd, containerd, crictl, whereabouts, helm,
 # reference plugins, built from tests/peers/ into a cache outside the clone: minutes the first
 # time, nothing after), the shipped build, which the real-cluster tests install, and cnitool.
-# The fuzz targets and the arm64 build at the lowest priority, so they take only what CPU the
-# rest leaves. The arm64 build has a target dir of its own (cargo's locks never make one build
-# wait for another); the fuzz targets build into /var/cache/plexus-fuzz.
 later peers "the peers (scripts/peers.sh)" bash scripts/peers.sh
 later release "the shipped build (scripts/build-release.sh)" bash scripts/build-release.sh
 # Built from Debian's source package; the tests drive plexus through it.
 later cnitool "cnitool (scripts/tools/build-cnitool.sh)" bash scripts/tools/build-cnitool.sh
-# Once the tests' own builds are done ($bg/built), while the tests run (they mostly wait on their
-# clusters): the fuzz targets, 5 s each after their regressions, and the arm64 build checked under
-# qemu-user (its entry-point checks, the demo, the image index of both architectures). Their
-# reports are shown after the tests.
-checks() {
+# At the lowest priority, from the start, so they take only what CPU the rest leaves: the fuzz
+# targets' build, then, while the tests run (they mostly wait on their clusters), each target
+# fuzzed for 5 s after its regressions; and the arm64 build, then, once the tests' own build is
+# done ($bg/built), checked under qemu-user (its entry-point checks, the demo, the image index of
+# both architectures). Their reports are shown after the tests. The arm64 build has a target dir
+# of its own (cargo's locks never make one build wait for another); the fuzz targets build into
+# /var/cache/plexus-fuzz.
+fuzzing() {
   renice -n 19 -p "$BASHPID" > /dev/null
   export PLEXUS_FUZZ_OPT_LEVEL=1
   bash scripts/fuzz.sh --build-only || return
+  until [ -e "$bg/testing" ]; do sleep 1; done
+  bash scripts/fuzz.sh 5 > "$bg/fuzz.out" 2>&1 || { cat "$bg/fuzz.out"; return 1; }
+}
+arm64() {
+  renice -n 19 -p "$BASHPID" > /dev/null
   PLEXUS_ARCH=arm64 bash scripts/build-release.sh > /dev/null || return
   until [ -e "$bg/built" ]; do sleep 1; done
-  bash scripts/fuzz.sh 5 > "$bg/fuzz.out" 2>&1 || { cat "$bg/fuzz.out"; return 1; }
   RUSTC_WORKSPACE_WRAPPER=$clippy_driver CLIPPY_ARGS=$clippy_args bash scripts/arm64-check.sh > "$bg/arm64.out" 2>&1 ||
     { cat "$bg/arm64.out"; return 1; }
 }
-later checks "fuzz and arm64 builds and checks, at nice 19" checks
-# Without its self-update (an HTTP client and archive formats nobody here uses), and not
-# optimised: it starts processes (cold, beside the background builds, 402 s against 981 s at
-# opt-level 1).
+later fuzzing "the fuzz targets: build and 5-second runs, at nice 19" fuzzing
+later arm64 "the arm64 build and its check, at nice 19" arm64
+# Without its default features (the self-update: an HTTP client and archive formats; USDT probes
+# for DTrace: neither used here), and not optimised: it starts processes (cold, beside the
+# background builds, 402 s against 981 s at opt-level 1; alone, 165 CPU seconds, 180 with the
+# probes).
 step "cargo-nextest"
 command -v cargo-nextest > /dev/null ||
-  CARGO_PROFILE_RELEASE_OPT_LEVEL=0 cargo install --locked cargo-nextest --no-default-features --features default-no-update
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=0 cargo install --locked cargo-nextest --no-default-features
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -118,9 +127,11 @@ await release
 await peers
 await cnitool
 step "tests"
+touch "$bg/testing"
 cargo nextest run --workspace --locked --no-fail-fast
-step "waiting for the fuzz and arm64 checks"
-await checks
+step "waiting for the fuzz runs and the arm64 check"
+await fuzzing
+await arm64
 # The regressions replayed, then each target fuzzed for 5 s (scripts/fuzz.sh).
 echo "== fuzz targets, 5 s each"
 cat "$bg/fuzz.out"

@@ -3,10 +3,12 @@
 //!
 //! Must not: run plugins or touch the kernel; the meta-plugin does that with what this returns.
 
+#[cfg(feature = "client")]
 pub mod api;
 pub mod checkpoint;
 pub mod error;
 pub mod nad;
+#[cfg(feature = "client")]
 pub mod podresources;
 pub mod selection;
 pub mod status;

@@ -1,11 +1,10 @@
 //! Stores hold the allocations. One trait, so the node-local file store, the etcd store and a
 //! Kubernetes store later answer the plugin the same way.
 
+#[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod file;
 pub mod kubernetes;
-mod kubernetes_lease;
-mod kubernetes_spool;
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -59,40 +58,53 @@ fn data_dir(data_dir: &Path, key: Option<&str>, cx: &Context<'_>, create: bool) 
 
 /// The store a network's configuration names (the plugin and plexusctl open it alike).
 pub fn open(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamError> {
-    Ok(match &cfg.store {
+    match &cfg.store {
         StoreConfig::File { data_dir: dir, key } => {
             let data = data_dir(dir, key.as_deref(), cx, true)?.expect("created");
-            Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?)
+            Ok(Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?))
         }
-        StoreConfig::Etcd(etcd) => Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain, cx.deadline)?),
-        StoreConfig::Kubernetes(k) => {
-            Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges, cx.deadline)?)
-        }
-    })
+        _ => connect(cfg, cx),
+    }
 }
 
 /// The store to release from: `None` when a file store was never created (nothing is held; a
 /// read-only or missing data directory is then no error).
 pub fn open_for_release(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Option<Box<dyn Store>>, IpamError> {
-    Ok(match &cfg.store {
-        StoreConfig::File { data_dir: dir, key } => match data_dir(dir, key.as_deref(), cx, false)? {
+    match &cfg.store {
+        StoreConfig::File { data_dir: dir, key } => Ok(match data_dir(dir, key.as_deref(), cx, false)? {
             Some(data) => Some(Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?)),
             None => None,
-        },
-        StoreConfig::Etcd(etcd) => Some(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain, cx.deadline)?)),
-        StoreConfig::Kubernetes(k) => Some(Box::new(kubernetes::KubernetesStore::connect(
-            k,
-            &cfg.domain,
-            &cfg.network,
-            &cfg.ranges,
-            cx.deadline,
-        )?)),
-    })
+        }),
+        _ => connect(cfg, cx).map(Some),
+    }
+}
+
+/// A store on a server: etcd's or the API server's. Each is a feature of this crate (both on by
+/// default; the fuzz targets build without them, they parse what the stores read back).
+fn connect(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamError> {
+    let _ = cx;
+    match &cfg.store {
+        #[cfg(feature = "etcd")]
+        StoreConfig::Etcd(etcd) => Ok(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain, cx.deadline)?)),
+        #[cfg(feature = "kubernetes")]
+        StoreConfig::Kubernetes(k) => {
+            Ok(Box::new(kubernetes::KubernetesStore::connect(k, &cfg.domain, &cfg.network, &cfg.ranges, cx.deadline)?))
+        }
+        other => Err(IpamError::Refused(format!(
+            "ipam.store: this build of plexus-ipam has no {} store",
+            match other {
+                StoreConfig::File { .. } => "file",
+                StoreConfig::Etcd(_) => "etcd",
+                StoreConfig::Kubernetes(_) => "kubernetes",
+            }
+        ))),
+    }
 }
 
 /// The holder of an address as an error shows it to `asking`: the pod when it is of the same
 /// namespace, else only that another namespace's pod holds it (an error reaches a tenant, and
 /// never names another namespace's pod).
+#[cfg(any(feature = "etcd", feature = "kubernetes"))]
 pub(crate) fn holder_shown(podref: &str, asking: &Owner) -> String {
     let ns_of = |p: &str| p.split_once('/').map(|(ns, _)| ns.to_string());
     match (ns_of(podref), asking.pod_ref.as_deref().and_then(ns_of)) {

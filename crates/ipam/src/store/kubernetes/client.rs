@@ -1,32 +1,6 @@
-//! The `kubernetes` store: whereabouts' own objects on the Kubernetes API, so plexus-ipam and
-//! whereabouts share pools and a cluster can switch in either direction without renumbering.
-//!
-//! ```text
-//! IPPool (whereabouts.cni.cncf.io/v1alpha1), named [<network_name>-]<range, ':' and '/' → '-'>
-//!   spec.range        the network CIDR (198.18.0.0/24)
-//!   spec.allocations  "<decimal offset from the network address>": {id, podref, ifname}
-//!   metadata.annotations["ipam.plexus.io/next"]   plexus's next-fit cursor (a hint)
-//! OverlappingRangeIPReservation, named [<network_name>-]<address, ':' → '-'>
-//!   spec              {containerid, podref, ifname}
-//! ```
-//!
-//! No global lock: an allocation is one JSON Patch that `test`s the offset is absent and `add`s
-//! it; a release `test`s the entry's container ID and `remove`s it. Two writers can never take
-//! one address, so allocations of different addresses never conflict — also with whereabouts,
-//! whose patches `test` the pool's resourceVersion and retry when plexus wrote in between. A
-//! failed `test` (422) moves on to the next candidate; a deadline bounds it all (code 11).
-//! A node's own writers take turns (a file lock), and an ADD or DEL waiting for its turn leaves its
-//! request in the pool's spool: the writer whose turn it is serves every waiting request in its
-//! one write (group commit, [`super::kubernetes_spool`]), so a node's concurrent ADDs and DELs on
-//! one pool cost one IPPool write, not one each. Reservations are created by each ADD itself after
-//! its entry, and deleted by each DEL itself before its entry, outside the turn.
-//! `"leaderElection": true` takes whereabouts' `whereabouts` Lease around each change instead, for
-//! operators who want strict equivalence.
-//!
-//! whereabouts writes offsets as uint64 and reads them back as int64: offsets of 2^63 and more
-//! (the upper half of an IPv6 /64) would be lost on its side, so plexus never hands them out.
+//! The store itself: reads and writes of whereabouts' objects through the API server, the node's
+//! writers taking turns through the spool, reservations beside each entry.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -34,20 +8,20 @@ use http::Method;
 use plexus_k8s::api::{ACCEPT_METADATA, ApiClient, Reply};
 use serde_json::{Value, json};
 
-use super::kubernetes_spool::{Answer, Kind, Spool, Ticket};
-use super::{AllocRequest, Allocation, Candidates, Owner, Store};
+use super::batch::{Request, entry, escape, plan_batch, removal, take_over};
+use super::names::{pool_name, reservation_name};
+use super::pool::{CURSOR_ANNOTATION, MAX_OFFSET, Pool, reserved_for};
+use super::spool::{Answer, Kind, Spool, Ticket};
 use crate::config::{DEFAULT_DOMAIN, KubernetesStoreConfig};
 use crate::error::IpamError;
 use crate::range::IpRange;
+use crate::store::{AllocRequest, Allocation, Candidates, Owner, Store};
 
 const GROUP_PATH: &str = "/apis/whereabouts.cni.cncf.io/v1alpha1";
-const CURSOR_ANNOTATION: &str = "ipam.plexus.io/next";
 /// Per API call (connect, read), as whereabouts' request timeout.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// For a whole ADD or DEL: conflicts, and calls that failed or timed out, are retried until then.
 const DEADLINE: Duration = Duration::from_secs(30);
-/// The largest offset whereabouts can read back (int64): ranges of this store are capped here.
-pub const MAX_OFFSET: u128 = i64::MAX as u128;
 const JSON_PATCH: &str = "application/json-patch+json";
 /// A list answered with the objects' metadata only (the pool cap counts names).
 const ACCEPT_METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
@@ -101,215 +75,6 @@ fn spool_offset(offset: &str, range: &IpRange) -> Result<u128, IpamError> {
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
     IpamError::Unavailable(format!("Kubernetes: {e}"))
-}
-
-/// An IPPool's name for `range` (whereabouts' `IPPoolName`, default naming).
-pub fn pool_name(network_name: Option<&str>, range: &IpRange) -> String {
-    let mut r = range.network.to_string();
-    if r.ends_with(':') {
-        r.push('0');
-    }
-    let r = r.replace([':', '/'], "-");
-    match network_name {
-        Some(n) => format!("{n}-{r}"),
-        None => r,
-    }
-}
-
-/// An OverlappingRangeIPReservation's name for `ip` (whereabouts' `NormalizeIP`).
-pub fn reservation_name(network_name: Option<&str>, ip: IpAddr) -> String {
-    let mut s = ip.to_string();
-    if s.ends_with(':') {
-        s.push('0');
-    }
-    let s = s.replace(':', "-");
-    match network_name {
-        Some(n) => format!("{n}-{s}"),
-        None => s,
-    }
-}
-
-/// One pool as read: its allocations by offset and its cursor. Keys that are not an offset inside
-/// the range's network (not a number, or past its end) are not allocations plexus reads or
-/// writes: whereabouts reads them as int64, and an address outside the network is no address of
-/// this pool.
-struct Pool {
-    name: String,
-    allocations: BTreeMap<u128, Value>,
-    cursor: Option<u128>,
-    has_annotations: bool,
-    has_allocations: bool,
-}
-
-impl Pool {
-    fn from_object(name: &str, obj: &Value, range: &IpRange) -> Pool {
-        let allocs = obj.pointer("/spec/allocations").and_then(Value::as_object);
-        let allocations = allocs
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| {
-                        k.parse::<u128>().ok().filter(|o| range.in_network(*o)).map(|o| (o, v.clone()))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let annotations = obj.pointer("/metadata/annotations").and_then(Value::as_object);
-        Pool {
-            name: name.to_string(),
-            allocations,
-            cursor: annotations
-                .and_then(|a| a.get(CURSOR_ANNOTATION))
-                .and_then(Value::as_str)
-                .and_then(|c| c.parse().ok()),
-            has_annotations: annotations.is_some(),
-            has_allocations: allocs.is_some(),
-        }
-    }
-
-    /// The offsets of the entries of (container, ifname).
-    fn entries_of(&self, container_id: &str, ifname: &str) -> Vec<u128> {
-        self.allocations
-            .iter()
-            .filter(|(_, v)| field_is(v, "id", container_id) && field_is(v, "ifname", ifname))
-            .map(|(o, _)| *o)
-            .collect()
-    }
-
-    /// The offset `owner` holds here: by container ID and ifname, or (idempotent ADD, as
-    /// whereabouts) by pod and ifname.
-    fn held_by(&self, owner: &Owner) -> Option<(u128, bool)> {
-        if let Some(o) = self.entries_of(&owner.container_id, &owner.ifname).first() {
-            return Some((*o, false));
-        }
-        let pod = owner.pod_ref.as_deref().filter(|p| !p.is_empty())?;
-        self.allocations
-            .iter()
-            .find(|(_, v)| field_is(v, "podref", pod) && field_is(v, "ifname", &owner.ifname))
-            .map(|(o, _)| (*o, true))
-    }
-}
-
-/// Whether entry `v`'s `key` is `want`.
-fn field_is(v: &Value, key: &str, want: &str) -> bool {
-    v.get(key).and_then(Value::as_str) == Some(want)
-}
-
-/// The JSON Patch ops that remove the entry at `offset` if it is still `container_id`'s.
-fn removal(offset: u128, container_id: &str) -> [Value; 2] {
-    let path = format!("/spec/allocations/{offset}");
-    [json!({"op": "test", "path": format!("{path}/id"), "value": container_id}), json!({"op": "remove", "path": path})]
-}
-
-/// One request of a batch: an owner wanting an address (ADD) or giving its entries up (DEL).
-type Request<'a> = (Kind, &'a Owner);
-
-/// What one write does for a batch.
-struct Plan {
-    /// The JSON Patch (only `test`s when nothing changes: the server writes nothing then).
-    ops: Vec<Value>,
-    /// Each request's answer, in order.
-    answers: Vec<Answer>,
-    /// Some answer rests on something the read did not show (the range full, nothing to
-    /// release), which no `test` can check: believed only from etcd's copy.
-    unguarded: bool,
-}
-
-/// One write for several requests on one pool. An ADD's owner gets the offset it holds (an entry
-/// of the pod's earlier container is taken over) or the next free one after the cursor; a DEL's
-/// owner has its entries removed. Every answer is guarded by a `test` (a new entry's offset still
-/// absent, a held or removed entry still the owner's). ADDs are planned first: a DEL of the
-/// container whose entry an ADD of the pod's new sandbox takes over in the same write releases
-/// nothing, as it would after that ADD. Offsets released here are not handed out again in the
-/// same write.
-fn plan_batch(pool: &Pool, range: &IpRange, requests: &[Request<'_>]) -> Plan {
-    let mut ops = Vec::new();
-    let mut answers: Vec<Option<Answer>> = vec![None; requests.len()];
-    let mut unguarded = false;
-    let mut taken: std::collections::BTreeSet<u128> = pool.allocations.keys().copied().collect();
-    let mut claimed = std::collections::BTreeSet::new();
-    let mut cursor = pool.cursor;
-    let mut added = false;
-    let path = |o: u128| format!("/spec/allocations/{o}");
-    for (i, (_, owner)) in requests.iter().enumerate().filter(|(_, (k, _))| *k == Kind::Add) {
-        let answer = &mut answers[i];
-        match pool.held_by(owner) {
-            Some((o, false)) => {
-                // Still the owner's when the write lands (the read may be the cache's).
-                ops.push(json!({"op": "test", "path": format!("{}/id", path(o)), "value": owner.container_id}));
-                claimed.insert(o);
-                *answer = Some(Answer::offset(o, None));
-            }
-            Some((o, true)) => {
-                let (take, old) = take_over(pool, o, owner);
-                ops.extend(take);
-                claimed.insert(o);
-                *answer = Some(Answer::offset(o, Some(old)));
-            }
-            None => match Candidates::after(range, cursor).find(|o| *o <= MAX_OFFSET && !taken.contains(o)) {
-                Some(o) => {
-                    if !added && !pool.has_allocations {
-                        ops.push(json!({"op": "add", "path": "/spec/allocations", "value": {}}));
-                    }
-                    added = true;
-                    ops.push(json!({"op": "test", "path": path(o), "value": null}));
-                    ops.push(json!({"op": "add", "path": path(o), "value": KubernetesStore::entry(owner)}));
-                    taken.insert(o);
-                    cursor = Some(o);
-                    *answer = Some(Answer::offset(o, None));
-                }
-                None => {
-                    unguarded = true;
-                    *answer = Some(Answer::Exhausted);
-                }
-            },
-        }
-    }
-    for (i, (_, owner)) in requests.iter().enumerate().filter(|(_, (k, _))| *k == Kind::Release) {
-        let held = pool.entries_of(&owner.container_id, &owner.ifname);
-        unguarded |= held.is_empty();
-        let mine: Vec<u128> = held.into_iter().filter(|o| !claimed.contains(o)).collect();
-        for o in &mine {
-            ops.extend(removal(*o, &owner.container_id));
-        }
-        answers[i] = Some(Answer::Released { offsets: mine.iter().map(u128::to_string).collect() });
-    }
-    if added && let Some(c) = cursor {
-        let c = json!(c.to_string());
-        ops.push(match pool.has_annotations {
-            true => {
-                json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(CURSOR_ANNOTATION)), "value": c})
-            }
-            false => json!({"op": "add", "path": "/metadata/annotations", "value": {CURSOR_ANNOTATION: c}}),
-        });
-    }
-    Plan { ops, answers: answers.into_iter().map(|a| a.expect("every request answered")).collect(), unguarded }
-}
-
-/// The pod's entry at `offset`, of its earlier container, made `owner`'s (the pod's new sandbox,
-/// so the old sandbox's DEL no longer releases the address the pod uses): the ops, `test`ing it
-/// is still the earlier container's, and that container's ID.
-fn take_over(pool: &Pool, offset: u128, owner: &Owner) -> ([Value; 2], String) {
-    let path = format!("/spec/allocations/{offset}");
-    let old = pool.allocations[&offset].get("id").cloned().unwrap_or(Value::Null);
-    let ops = [
-        json!({"op": "test", "path": format!("{path}/id"), "value": old}),
-        json!({"op": "replace", "path": path, "value": KubernetesStore::entry(owner)}),
-    ];
-    (ops, old.as_str().unwrap_or_default().to_string())
-}
-
-/// Whether a reservation is the attachment's: by container ID when it names one (plexus writes
-/// it), else by pod and interface (whereabouts writes only those).
-fn reserved_for(r: &Value, container_id: &str, pod_ref: &str, ifname: &str) -> bool {
-    let s = |k: &str| r.pointer(&format!("/spec/{k}")).and_then(Value::as_str).unwrap_or_default();
-    match s("containerid") {
-        "" => s("podref") == pod_ref && s("ifname") == ifname,
-        id => id == container_id,
-    }
-}
-
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
 }
 
 impl KubernetesStore {
@@ -446,10 +211,6 @@ impl KubernetesStore {
         self.patch_pool(pool, &removal(offset, &owner.container_id)).map(|_| ())
     }
 
-    fn entry(owner: &Owner) -> Value {
-        json!({"id": owner.container_id, "podref": owner.pod_ref.clone().unwrap_or_default(), "ifname": owner.ifname})
-    }
-
     /// Create the address's OverlappingRangeIPReservation; `false` when another attachment
     /// holds it (an overlapping range gave it out).
     fn reserve(&self, ip: IpAddr, owner: &Owner) -> Result<bool, IpamError> {
@@ -551,7 +312,7 @@ impl KubernetesStore {
                     let o = range.offset_of(ip).ok_or(IpamError::Outside { ip })?;
                     if let Some(holder) = pool.allocations.get(&o) {
                         let podref = holder.get("podref").and_then(Value::as_str).unwrap_or_default();
-                        return Err(IpamError::InUse { ip, holder: super::holder_shown(podref, owner) });
+                        return Err(IpamError::InUse { ip, holder: crate::store::holder_shown(podref, owner) });
                     }
                     Box::new(std::iter::once(o))
                 }
@@ -574,7 +335,7 @@ impl KubernetesStore {
                     ops.push(json!({"op": "add", "path": "/spec/allocations", "value": {}}));
                 }
                 ops.push(json!({"op": "test", "path": path, "value": null}));
-                ops.push(json!({"op": "add", "path": path, "value": Self::entry(owner)}));
+                ops.push(json!({"op": "add", "path": path, "value": entry(owner)}));
                 let cursor = json!(offset.to_string());
                 match pool.has_annotations {
                     true => ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", escape(CURSOR_ANNOTATION)), "value": cursor})),
@@ -904,7 +665,7 @@ impl KubernetesStore {
         if !self.leader_election {
             return f();
         }
-        let lease = super::kubernetes_lease::Lease::acquire(&self.api, &self.namespace, owner, deadline)?;
+        let lease = super::lease::Lease::acquire(&self.api, &self.namespace, owner, deadline)?;
         let out = f();
         lease.release(&self.api);
         out
@@ -991,229 +752,5 @@ impl Store for KubernetesStore {
             }
         }
         Ok(all)
-    }
-}
-
-/// The fuzz targets' way in: a pool and a reservation as read back from the API server.
-#[cfg(feature = "fuzzing")]
-pub(crate) fn read_back(obj: &Value, range: &IpRange) {
-    let pool = Pool::from_object("fuzz", obj, range);
-    for offset in pool.allocations.keys() {
-        assert!(range.network.contains(range.addr(*offset)), "offset {offset} outside {}", range.network);
-    }
-    let owner = Owner {
-        container_id: "c1".into(),
-        ifname: "net1".into(),
-        pod_ref: Some("ns/pod".into()),
-        node: String::new(),
-        network: "fuzz".into(),
-    };
-    if let Some((offset, _)) = pool.held_by(&owner) {
-        assert!(pool.allocations.contains_key(&offset));
-    }
-    let _ = Candidates::after(range, pool.cursor).take(4).count();
-    let _ = reserved_for(obj, "c1", "ns/pod", "net1");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::range::RangeSpec;
-
-    fn range(r: &str) -> IpRange {
-        IpRange::parse(&RangeSpec { range: r, ..Default::default() }).unwrap()
-    }
-
-    #[test]
-    fn object_names_are_whereabouts_names() {
-        assert_eq!(pool_name(None, &range("198.18.0.0/24")), "198.18.0.0-24");
-        assert_eq!(pool_name(Some("rail0"), &range("198.18.0.0/24")), "rail0-198.18.0.0-24");
-        assert_eq!(pool_name(None, &range("2001:db8::/64")), "2001-db8---64");
-        assert_eq!(reservation_name(None, "198.18.0.5".parse().unwrap()), "198.18.0.5");
-        assert_eq!(reservation_name(None, "2001:db8::".parse().unwrap()), "2001-db8--0");
-        assert_eq!(reservation_name(Some("rail0"), "2001:db8::5".parse().unwrap()), "rail0-2001-db8--5");
-    }
-
-    #[test]
-    fn a_pool_is_read_with_its_offsets_cursor_and_the_owner_found_by_container_or_by_pod() {
-        let obj = json!({"metadata": {"annotations": {"ipam.plexus.io/next": "7"}},
-            "spec": {"range": "198.18.0.0/24", "allocations": {
-                "5": {"id": "c1", "podref": "default/a", "ifname": "net1"},
-                "7": {"id": "c2", "podref": "default/b", "ifname": "net1"},
-                "bogus": {"id": "x"},
-                "256": {"id": "past the network"},
-                "340282366920938463463374607431768211455": {"id": "u128::MAX"}}}});
-        let p = Pool::from_object("198.18.0.0-24", &obj, &range("198.18.0.0/24"));
-        assert_eq!(p.allocations.keys().copied().collect::<Vec<_>>(), [5, 7]);
-        assert_eq!(p.cursor, Some(7));
-        let owner = |cid: &str, pod: &str| Owner {
-            container_id: cid.into(),
-            ifname: "net1".into(),
-            pod_ref: Some(pod.into()),
-            node: String::new(),
-            network: "n".into(),
-        };
-        assert_eq!(p.held_by(&owner("c1", "default/a")), Some((5, false)));
-        assert_eq!(p.held_by(&owner("c9", "default/b")), Some((7, true)), "idempotent per pod and ifname");
-        assert_eq!(p.held_by(&owner("c9", "default/z")), None);
-    }
-
-    #[test]
-    fn a_reservation_is_matched_by_container_when_it_names_one_else_by_pod_and_interface() {
-        let ours = json!({"spec": {"containerid": "c1", "podref": "default/a", "ifname": "net1"}});
-        let theirs = json!({"spec": {"podref": "default/a", "ifname": "net1"}});
-        assert!(reserved_for(&ours, "c1", "default/a", "net1"));
-        assert!(!reserved_for(&ours, "c2", "default/a", "net1"), "another container of the pod");
-        assert!(reserved_for(&theirs, "c2", "default/a", "net1"), "whereabouts writes no container ID");
-        assert!(!reserved_for(&theirs, "c2", "default/a", "net2"));
-    }
-
-    fn owner(cid: &str, pod: &str) -> Owner {
-        Owner {
-            container_id: cid.into(),
-            ifname: "net1".into(),
-            pod_ref: Some(pod.into()),
-            node: String::new(),
-            network: "n".into(),
-        }
-    }
-
-    #[test]
-    fn one_write_serves_a_batch_next_fit_every_answer_guarded_by_a_test() {
-        let r = range("198.18.0.0/29"); // offsets 1..=6
-        let obj = json!({"metadata": {"annotations": {"ipam.plexus.io/next": "2"}},
-            "spec": {"allocations": {
-                "2": {"id": "c-held", "podref": "default/held", "ifname": "net1"},
-                "3": {"id": "c-old", "podref": "default/moved", "ifname": "net1"},
-                "4": {"id": "w", "podref": "default/whereabouts", "ifname": "net1"}}}});
-        let pool = Pool::from_object("p", &obj, &r);
-        let (a, held, moved, b, c) = (
-            owner("c-a", "default/a"),
-            owner("c-held", "default/held"),
-            owner("c-new", "default/moved"),
-            owner("c-b", "default/b"),
-            owner("c-c", "default/c"),
-        );
-        let add = |o| (Kind::Add, o);
-        let Plan { ops, answers, unguarded } =
-            plan_batch(&pool, &r, &[add(&a), add(&held), add(&moved), add(&b), add(&c)]);
-        assert!(!unguarded);
-        assert_eq!(
-            answers,
-            [
-                Answer::offset(5, None),
-                Answer::offset(2, None),
-                Answer::offset(3, Some("c-old".into())),
-                Answer::offset(6, None),
-                Answer::offset(1, None), // wrapped past the end, 2..4 taken
-            ]
-        );
-        let entry = |o: &Owner| json!({"id": o.container_id, "podref": o.pod_ref, "ifname": "net1"});
-        assert_eq!(
-            ops,
-            [
-                json!({"op": "test", "path": "/spec/allocations/5", "value": null}),
-                json!({"op": "add", "path": "/spec/allocations/5", "value": entry(&a)}),
-                json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-held"}),
-                json!({"op": "test", "path": "/spec/allocations/3/id", "value": "c-old"}),
-                json!({"op": "replace", "path": "/spec/allocations/3", "value": entry(&moved)}),
-                json!({"op": "test", "path": "/spec/allocations/6", "value": null}),
-                json!({"op": "add", "path": "/spec/allocations/6", "value": entry(&b)}),
-                json!({"op": "test", "path": "/spec/allocations/1", "value": null}),
-                json!({"op": "add", "path": "/spec/allocations/1", "value": entry(&c)}),
-                json!({"op": "add", "path": "/metadata/annotations/ipam.plexus.io~1next", "value": "1"}),
-            ]
-        );
-        // A full range: the one left over is told so, the others still get theirs.
-        let d = owner("c-d", "default/d");
-        let plan = plan_batch(&pool, &r, &[add(&a), add(&b), add(&c), add(&d)]);
-        assert_eq!(plan.answers[3], Answer::Exhausted);
-        assert!(plan.unguarded, "only etcd's copy says the range is full");
-        // Only held entries: nothing to write, only that they are still held to check.
-        let plan = plan_batch(&pool, &r, &[add(&held)]);
-        assert_eq!(plan.ops, [json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-held"})]);
-        assert_eq!(plan.answers, [Answer::offset(2, None)]);
-        // A full range and nobody served: no patch to send (only a read from etcd says "full").
-        let full = Pool::from_object(
-            "p",
-            &json!({"spec": {"allocations": {
-            "1": {"id": "x1"}, "2": {"id": "x2"}, "3": {"id": "x3"}, "4": {"id": "x4"}, "5": {"id": "x5"}, "6": {"id": "x6"}}}}),
-            &r,
-        );
-        let plan = plan_batch(&full, &r, &[add(&a)]);
-        assert!(plan.ops.is_empty() && plan.unguarded);
-        assert_eq!(plan.answers, [Answer::Exhausted]);
-    }
-
-    #[test]
-    fn dels_share_the_write_with_adds_each_entry_removed_under_a_test_of_its_owner() {
-        let r = range("198.18.0.0/29"); // offsets 1..=6
-        let obj = json!({"metadata": {"annotations": {"ipam.plexus.io/next": "4"}},
-            "spec": {"allocations": {
-                "2": {"id": "c-gone", "podref": "default/gone", "ifname": "net1"},
-                "3": {"id": "c-old", "podref": "default/moved", "ifname": "net1"},
-                "4": {"id": "c-gone", "podref": "default/gone", "ifname": "net2"}}}});
-        let pool = Pool::from_object("p", &obj, &r);
-        let (gone, a, old, moved, never) = (
-            owner("c-gone", "default/gone"),
-            owner("c-a", "default/a"),
-            owner("c-old", "default/moved"),
-            owner("c-new", "default/moved"),
-            owner("c-never", "default/never"),
-        );
-        let plan = plan_batch(
-            &pool,
-            &r,
-            &[(Kind::Release, &gone), (Kind::Add, &a), (Kind::Release, &old), (Kind::Add, &moved)],
-        );
-        assert_eq!(
-            plan.answers,
-            [
-                Answer::Released { offsets: vec!["2".into()] }, // net2's entry is another attachment's
-                Answer::offset(5, None),                        // offset 2 is freed by this write, not handed out in it
-                // The pod's new sandbox took the old container's entry over in the same write:
-                // the old sandbox's DEL releases nothing, as after that ADD.
-                Answer::Released { offsets: vec![] },
-                Answer::offset(3, Some("c-old".into())),
-            ]
-        );
-        assert!(!plan.unguarded, "every answer rests on an entry the read showed");
-        let entry = |o: &Owner| json!({"id": o.container_id, "podref": o.pod_ref, "ifname": "net1"});
-        assert_eq!(
-            plan.ops,
-            [
-                json!({"op": "test", "path": "/spec/allocations/5", "value": null}),
-                json!({"op": "add", "path": "/spec/allocations/5", "value": entry(&a)}),
-                json!({"op": "test", "path": "/spec/allocations/3/id", "value": "c-old"}),
-                json!({"op": "replace", "path": "/spec/allocations/3", "value": entry(&moved)}),
-                json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c-gone"}),
-                json!({"op": "remove", "path": "/spec/allocations/2"}),
-                json!({"op": "add", "path": "/metadata/annotations/ipam.plexus.io~1next", "value": "5"}),
-            ]
-        );
-        // Nothing of the container in the read: only etcd's copy may say so.
-        let plan = plan_batch(&pool, &r, &[(Kind::Release, &never)]);
-        assert!(plan.ops.is_empty() && plan.unguarded);
-        assert_eq!(plan.answers, [Answer::Released { offsets: vec![] }]);
-    }
-
-    #[test]
-    fn a_batch_on_a_new_pool_creates_its_allocations_and_annotations_once() {
-        let r = range("198.18.0.0/24");
-        let pool = Pool::from_object("p", &json!({"spec": {"range": "198.18.0.0/24"}}), &r);
-        let (a, b) = (owner("c-a", "default/a"), owner("c-b", "default/b"));
-        let Plan { ops, answers, .. } = plan_batch(&pool, &r, &[(Kind::Add, &a), (Kind::Add, &b)]);
-        assert_eq!(answers, [Answer::offset(1, None), Answer::offset(2, None)]);
-        assert_eq!(ops[0], json!({"op": "add", "path": "/spec/allocations", "value": {}}));
-        assert_eq!(ops.iter().filter(|o| o["path"] == "/spec/allocations").count(), 1);
-        assert_eq!(
-            ops.last().unwrap(),
-            &json!({"op": "add", "path": "/metadata/annotations", "value": {"ipam.plexus.io/next": "2"}})
-        );
-    }
-
-    #[test]
-    fn json_pointer_keys_are_escaped() {
-        assert_eq!(escape("ipam.plexus.io/next"), "ipam.plexus.io~1next");
     }
 }

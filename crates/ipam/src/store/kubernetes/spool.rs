@@ -32,7 +32,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::Owner;
+use crate::store::Owner;
 
 /// The spools' directory in the node lock's directory.
 const SPOOLS: &str = ".plexus-ipam-kubernetes.spool";
