@@ -30,6 +30,10 @@ step() {
   step_name=$1 step_start=$SECONDS
   echo "== $1"
 }
+# The CPU seconds (user + system) of the processes this shell has waited for, from `times`.
+children_cpu() {
+  times | tail -1 | awk '{ n = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] } printf "%.0f", n }'
+}
 # Builds that only later steps need run in the background beside the steps in the foreground
 # (2 cores: one build's download, link or serial stretch is the other's CPU), their output in a
 # log shown when they fail. `later KEY TITLE CMD...` starts one, `await KEY` waits for it.
@@ -42,16 +46,16 @@ later() {
   echo "== started in the background: $title"
   bg_title[$key]=$title
   set -m
-  ( s=$SECONDS rc=0; "$@" > "$bg/$key.log" 2>&1 || rc=$?; echo "$rc $((SECONDS - s))" > "$bg/$key.rc"; exit "$rc" ) &
+  ( s=$SECONDS rc=0; "$@" > "$bg/$key.log" 2>&1 || rc=$?; echo "$rc $((SECONDS - s)) $(children_cpu)" > "$bg/$key.rc"; exit "$rc" ) &
   set +m
   bg_pid[$key]=$!
 }
 await() {
-  local key=$1 rc secs
+  local key=$1 rc secs cpu
   wait "${bg_pid[$key]}" || true
   unset "bg_pid[$key]"
-  read -r rc secs < "$bg/$key.rc"
-  times+=("$secs s  ${bg_title[$key]} (in the background)")
+  read -r rc secs cpu < "$bg/$key.rc"
+  times+=("$secs s  ${bg_title[$key]} (in the background, $cpu CPU s)")
   if [ "$rc" != 0 ]; then
     tail -60 "$bg/$key.log"
     echo "== ${bg_title[$key]} failed (exit $rc)" >&2
@@ -141,4 +145,4 @@ tail -3 "$bg/arm64.out"
 step done
 echo "== time by step"
 printf '  %s\n' "${times[@]}"
-echo "  $SECONDS s  in all"
+echo "  $SECONDS s  in all ($(children_cpu) CPU s)"

@@ -152,20 +152,12 @@ pub fn gid_slot(port: &std::path::Path, index: u32, gid: &str, kind: Option<&str
     }
 }
 
-/// Skip, with a clear message, when not root: these tests create namespaces and links, so
-/// `cargo test` without root runs what it can (the unit tests) and reports these as skipped. The
-/// process ends here with success: under nextest that is this one test; under `cargo test` it is
-/// the rest of this test binary, whose end-to-end tests all need root. CI runs as root
-/// (`scripts/test.sh` refuses to run otherwise), so nothing is skipped there.
+/// Fail, with a clear message, when not root: these tests create namespaces and links, and a
+/// test that cannot do what it tests must not report a pass. Run the suite as root, as CI does
+/// (`scripts/test.sh` refuses to run otherwise); the unit tests of the crates need no root.
 pub fn require_root() {
-    if !nix::unistd::geteuid().is_root() {
-        let test = std::thread::current().name().unwrap_or("this test").to_string();
-        // Straight to the process's stderr: the test harness captures eprintln!.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED {test}: it needs root (it creates network namespaces); run the suite as root, as CI does"
-        );
-        std::process::exit(0);
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (it creates network namespaces): run the suite as root, as CI does"
+    );
 }

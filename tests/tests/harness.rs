@@ -76,3 +76,19 @@ fn kernel_readers_see_addresses_routes_and_rules() {
     assert_eq!((rule.src.as_deref(), rule.table.as_str()), (Some("198.18.5.2"), "105"));
     assert_eq!(lab.node.sysctl("net.ipv4.conf.nic0.arp_ignore"), "0");
 }
+
+#[test]
+fn a_test_that_needs_root_fails_without_it_and_never_reports_a_pass() {
+    plexus_tests::require_root();
+    // This test binary, one of its namespace tests, run as nobody (setpriv, util-linux).
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "a_nic_is_a_veth_in_the_node_namespace_with_its_mtu_and_up", "--test-threads=1"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "passed without root:\n{text}");
+    assert!(text.contains("this test needs root"), "{text}");
+    assert!(text.contains("1 failed"), "{text}");
+}

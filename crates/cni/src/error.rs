@@ -126,6 +126,62 @@ impl Error {
     }
 }
 
+/// The failures of steps that each went on past the others' (the DELs of every attachment, a
+/// GC), each kept with what failed and its own code, and rendered once as one CNI error.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ErrorList(Vec<(String, Error)>);
+
+impl ErrorList {
+    /// `what` (the network and interface, say) failed with `e`.
+    pub fn push(&mut self, what: impl Into<String>, e: Error) {
+        self.0.push((what.into(), e));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// What failed, with its error, in the order they were pushed.
+    pub fn iter(&self) -> impl Iterator<Item = &(String, Error)> {
+        self.0.iter()
+    }
+
+    /// `Ok` when nothing failed. Otherwise one error: the failures' code when they all have the
+    /// same one (a runtime retries a code 11 as it would one delegate's), else `mixed`; `summary`
+    /// as its message, and in its details each failure (what failed, its code, its message) in
+    /// order.
+    pub fn into_result(self, mixed: u32, summary: impl Into<String>) -> Result<(), Error> {
+        let Some((_, first)) = self.0.first() else { return Ok(()) };
+        let code = if self.0.iter().all(|(_, e)| e.code == first.code) { first.code } else { mixed };
+        let details: Vec<String> = self.0.iter().map(|(what, e)| format!("{what}: code {}: {e}", e.code)).collect();
+        Err(Error::new(code, summary).with_details(details.join("; ")))
+    }
+}
+
+impl Extend<(String, Error)> for ErrorList {
+    fn extend<I: IntoIterator<Item = (String, Error)>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
+}
+
+impl FromIterator<(String, Error)> for ErrorList {
+    fn from_iter<I: IntoIterator<Item = (String, Error)>>(iter: I) -> Self {
+        ErrorList(iter.into_iter().collect())
+    }
+}
+
+impl IntoIterator for ErrorList {
+    type Item = (String, Error);
+    type IntoIter = std::vec::IntoIter<(String, Error)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +200,27 @@ mod tests {
         let e = Error::new(4, "interface name is too long").with_details("x");
         assert_eq!(e.to_string(), "interface name is too long; x");
         assert_eq!(Error::new(4, "m").to_string(), "m");
+    }
+
+    #[test]
+    fn an_error_list_keeps_each_failures_code_and_renders_them_once() {
+        assert_eq!(ErrorList::default().into_result(code::DELEGATE_FAILED, "DEL failed"), Ok(()));
+        let mut one = ErrorList::default();
+        one.push("network a (net1)", Error::try_again_later("API server unreachable"));
+        let e = one.clone().into_result(code::DELEGATE_FAILED, "DEL failed for 1 attachment(s)").unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "one failure keeps its code");
+        assert_eq!(e.msg, "DEL failed for 1 attachment(s)");
+        assert_eq!(e.details, "network a (net1): code 11: API server unreachable");
+        one.push("network b (net2)", Error::try_again_later("etcd unreachable").with_details("deadline"));
+        let e = one.clone().into_result(code::DELEGATE_FAILED, "DEL failed for 2 attachment(s)").unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "failures of one code keep it");
+        assert_eq!(
+            e.details,
+            "network a (net1): code 11: API server unreachable; network b (net2): code 11: etcd unreachable; deadline"
+        );
+        one.push("network c (net3)", Error::kernel("no such device"));
+        let e = one.into_result(code::DELEGATE_FAILED, "DEL failed for 3 attachment(s)").unwrap_err();
+        assert_eq!(e.code, code::DELEGATE_FAILED, "failures of several codes");
+        assert!(e.details.ends_with("network c (net3): code 102: no such device"), "{}", e.details);
     }
 }

@@ -32,7 +32,7 @@ pub mod version;
 pub use config::{ConfList, Ipam, NetConf};
 pub use deadline::Deadline;
 pub use env::{CniArgs, CniEnv, Command};
-pub use error::{Error, code};
+pub use error::{Error, ErrorList, code};
 pub use plugin::{About, Plugin, Request, ValidAttachment};
 pub use policy::Policy;
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};

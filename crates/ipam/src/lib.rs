@@ -1,5 +1,6 @@
 //! plexus-ipam's library: ranges and 128-bit offsets, whereabouts-compatible configuration, the
-//! `Store` trait and its stores (node-local files; etcd for cluster-wide pools).
+//! `Store` trait and its stores (node-local files; etcd, and whereabouts' own objects on the
+//! Kubernetes API, for cluster-wide pools; each of these two a default feature).
 //!
 //! Must not: touch network interfaces. It hands out addresses; plugins configure them.
 

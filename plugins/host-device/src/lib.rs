@@ -25,7 +25,7 @@ use plexus_cni::datadir::DataDir;
 use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_cni::policy::Allowed;
 use plexus_cni::undo::Undo;
-use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
+use plexus_cni::{About, CniResult, Command, Error, ErrorList, Interface, Plugin, Request, code, files};
 use plexus_net::check;
 use plexus_net::configure;
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
@@ -150,7 +150,7 @@ impl Plugin for HostDevice {
     fn gc(&self, req: &Request) -> Result<(), Error> {
         let conf = HostDeviceConf::load(req)?;
         let valid = req.valid_attachments()?;
-        let mut errors = Vec::new();
+        let mut errors = ErrorList::default();
         let data_dir = conf.data_dir(req, false)?;
         let entries = data_dir.as_ref().map(|d| std::fs::read_dir(d.dir().path()));
         for entry in entries.into_iter().flatten().flatten().flatten() {
@@ -165,16 +165,12 @@ impl Plugin for HostDevice {
                 Ok(()) => {
                     let _ = files::remove_if_present(&entry.path());
                 }
-                Err(e) => errors.push(format!("{cid}/{ifname}: {e}")),
+                Err(e) => errors.push(format!("{cid}/{ifname}"), e),
             }
         }
         data_dir.as_ref().map(DataDir::retire_if_empty);
         forward_to_ipam(req, Command::Gc)?;
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::new(code::KERNEL, "GC could not restore every device").with_details(errors.join("; ")))
-        }
+        errors.into_result(code::KERNEL, "GC could not restore every device")
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::net::IpAddr;
 
-use plexus_cni::{About, CniResult, Error, Plugin, Request, code};
+use plexus_cni::{About, CniResult, Error, ErrorList, Plugin, Request, code};
 use plexus_ipam::store::{Context, open as open_store, open_for_release as open_existing};
 use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
 use serde_json::Value;
@@ -173,7 +173,7 @@ impl Plugin for Ipam {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         let valid = req.valid_attachments()?;
         let Some(store) = open_existing(&cfg, &Context::of(req))? else { return Ok(()) };
-        let mut failures = Vec::new();
+        let mut failures = ErrorList::default();
         let mut stale = Vec::new();
         for a in store.list()? {
             if a.owner.network != cfg.network
@@ -191,14 +191,9 @@ impl Plugin for Ipam {
             if done.insert((a.owner.container_id.clone(), a.owner.ifname.clone()))
                 && let Err(e) = store.release(&a.owner.container_id, &a.owner.ifname)
             {
-                failures.push(format!("{}/{}: {e}", a.owner.container_id, a.owner.ifname));
+                failures.push(format!("{}/{}", a.owner.container_id, a.owner.ifname), Error::from(e));
             }
         }
-        if failures.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::new(code::IO_FAILURE, "GC could not release every stale allocation")
-                .with_details(failures.join("; ")))
-        }
+        failures.into_result(code::IO_FAILURE, "GC could not release every stale allocation")
     }
 }

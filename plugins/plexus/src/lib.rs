@@ -32,7 +32,7 @@ use conf::MetaConf;
 use plan::{Pod, SelectionSource};
 use plexus_cni::logging;
 use plexus_cni::undo::Undo;
-use plexus_cni::{About, CniEnv, CniResult, Command, Error, Plugin, Policy, Request, code, files};
+use plexus_cni::{About, CniEnv, CniResult, Command, Error, ErrorList, Plugin, Policy, Request, code, files};
 use plexus_k8s::api::{ApiClient, PodInfo};
 use plexus_k8s::nad::{DirSource, NadSource};
 use plexus_k8s::status::{NetworkStatus, PodRef};
@@ -336,19 +336,19 @@ fn run_group<T: Send>(group: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> 
 
 /// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
 /// failures; the failures in reverse annotation order.
-fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy, parallel: bool) -> Vec<String> {
+fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy, parallel: bool) -> ErrorList {
     groups(attachments, parallel).iter().rev().flat_map(|g| teardown_group(attachments, g, base, policy)).collect()
 }
 
-/// DEL one group's attachments at once; the failures, each naming its attachment, in reverse
+/// DEL one group's attachments at once; the failures, each with its attachment, in reverse
 /// annotation order.
-fn teardown_group(attachments: &[Attachment], group: &[usize], base: &CniEnv, policy: &Policy) -> Vec<String> {
+fn teardown_group(attachments: &[Attachment], group: &[usize], base: &CniEnv, policy: &Policy) -> ErrorList {
     let answers = run_group(group, |i| teardown(&attachments[i], base, policy));
     group
         .iter()
         .zip(answers)
         .rev()
-        .filter_map(|(&i, answer)| answer.err().map(|e| format!("{}: {e}", attachments[i].describe())))
+        .filter_map(|(&i, answer)| answer.err().map(|e| (attachments[i].describe(), e)))
         .collect()
 }
 
@@ -517,7 +517,8 @@ impl Plugin for Meta {
                 Step::Cache(path) => files::remove_if_present(&path),
                 Step::Attachments { group, .. } => {
                     let failed = teardown_group(&state.attachments, &group, &base, &req.policy);
-                    if failed.is_empty() { Ok(()) } else { Err(Error::new(code::DELEGATE_FAILED, failed.join("; "))) }
+                    let n = failed.len();
+                    failed.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
                 }
             }));
         }
@@ -557,12 +558,8 @@ impl Plugin for Meta {
             files::remove_if_present(&cache_path)?;
         }
         cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::new(code::DELEGATE_FAILED, format!("DEL failed for {} attachment(s)", errors.len()))
-                .with_details(errors.join("; ")))
-        }
+        let n = errors.len();
+        errors.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {
@@ -600,7 +597,7 @@ impl Plugin for Meta {
         let valid = req.valid_attachments()?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
-        let mut errors = Vec::new();
+        let mut errors = ErrorList::default();
         cache::remove_stale_leftovers(&conf.cni_dir, std::time::Duration::from_secs(60));
         // Attachments of containers the runtime no longer knows: DEL them from their caches.
         let mut kept = Vec::new();
@@ -627,14 +624,9 @@ impl Plugin for Meta {
                 })
                 .collect();
             if let Err(e) = a.status_or_gc(&base, Command::Gc, Some(&Value::Array(still))) {
-                errors.push(e.to_string());
+                errors.push(a.describe(), e);
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::new(code::DELEGATE_FAILED, "GC could not clean every attachment")
-                .with_details(errors.join("; ")))
-        }
+        errors.into_result(code::DELEGATE_FAILED, "GC could not clean every attachment")
     }
 }
