@@ -197,9 +197,11 @@ fn through_plexus_daemon_a_stuck_delegate_gives_its_slot_back_at_the_deadline() 
     assert!(n.plexus("DEL", &with_networks(&meta, "rail0")).success());
     // Its DEL hangs as well: it too ends at its deadline, and leaves no process.
     let started = Instant::now();
-    let (code, _, details) = n.plexus("DEL", &with_networks(&meta, "stuck")).error();
-    assert_eq!(code, 101, "the meta-plugin's DEL reports its delegates' failures together");
-    assert!(details.contains("plugin \"stuck\" (DEL) did not finish: killed"), "{details}");
+    let (code, msg, details) = n.plexus("DEL", &with_networks(&meta, "stuck")).error();
+    // Its delegates' failures together, keeping their code: out of time (11), as one DEL's.
+    assert_eq!(code, 11, "{msg}: {details}");
+    assert!(msg.contains("DEL failed for 1 attachment(s)"), "{msg}");
+    assert!(details.contains("code 11: plugin \"stuck\" (DEL) did not finish: killed"), "{details}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert_eq!(processes_of(&n.lab.pod.path()), Vec::<String>::new());
     assert_eq!(n.pod_links(), ["lo"]);

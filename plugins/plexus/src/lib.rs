@@ -321,17 +321,87 @@ fn run_group<T: Send>(group: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> 
     if let [i] = group {
         return vec![f(*i)];
     }
+    // The request's log (its subscriber is this thread's, not the process's) and its span go
+    // with each thread: what a delegation logs there lands in the request's logFile too.
     let span = tracing::Span::current();
+    let log = tracing::dispatcher::get_default(|d| d.clone());
     std::thread::scope(|s| {
         let threads: Vec<_> = group
             .iter()
             .map(|&i| {
-                let (f, span) = (&f, span.clone());
-                s.spawn(move || span.in_scope(|| f(i)))
+                let (f, span, log) = (&f, span.clone(), log.clone());
+                s.spawn(move || tracing::dispatcher::with_default(&log, || span.in_scope(|| f(i))))
             })
             .collect();
         threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
     })
+}
+
+/// ADD every attachment, a group after another (concurrently within one), each group pushed on
+/// `undo` before it runs and each result recorded in the cache as it comes; the results in
+/// annotation order. The first failure in annotation order is the ADD's error (the others are
+/// logged), and the attachments that succeeded keep their results, so the rollback DELs them
+/// with their results, as a DEL from the cache would.
+fn attach_all(
+    state: &mut cache::Cache,
+    parallel: bool,
+    pod: &Pod,
+    env: &CniEnv,
+    cache_path: &std::path::Path,
+    undo: &mut Undo<Step>,
+) -> Result<Vec<CniResult>, Error> {
+    // One result record at a time in the cache file.
+    let recording = std::sync::Mutex::new(());
+    let mut added = Vec::new();
+    for group in groups(&state.attachments, parallel) {
+        let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
+        undo.push(Step::Attachments { group: group.clone(), names });
+        let attachments = &state.attachments;
+        let answers = run_group(&group, |i| attach(&attachments[i], i, env, cache_path, &recording, pod));
+        let mut failed = None;
+        for (i, answer) in group.into_iter().zip(answers) {
+            match answer {
+                Ok(done) => added.push((i, done)),
+                Err(e) if failed.is_none() => failed = Some(e),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+        if let Some(e) = failed {
+            for (i, (_, raw)) in added {
+                state.attachments[i].result = Some(raw);
+            }
+            return Err(e);
+        }
+    }
+    added.sort_by_key(|(i, _)| *i);
+    Ok(added
+        .into_iter()
+        .map(|(i, (result, raw))| {
+            state.attachments[i].result = Some(raw);
+            result
+        })
+        .collect())
+}
+
+/// ADD attachment `i`: its device-info file placed, its delegate run, its result recorded in the
+/// cache. A device-info file that cannot be placed or a result the cache cannot record is a
+/// failed ADD too.
+fn attach(
+    a: &Attachment,
+    i: usize,
+    env: &CniEnv,
+    cache_path: &std::path::Path,
+    recording: &std::sync::Mutex<()>,
+    pod: &Pod,
+) -> Result<(CniResult, Value), Error> {
+    tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
+    copy_device_info(a)
+        .and_then(|()| observed(Command::Add, a, env, || a.add(env)))
+        .and_then(|(result, raw)| {
+            let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            cache::record_result(cache_path, i, &raw).map(|()| (result, raw))
+        })
+        .map_err(|e| e.context(format!("[{}] adding {}", pod.reference().unwrap_or_default(), a.describe())))
 }
 
 /// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
@@ -461,67 +531,27 @@ impl Plugin for Meta {
         undo.push(Step::Cache(cache_path.clone()));
         // The delegates' ADDs end early enough for their DELs (a rollback) to run in what is left.
         let add_env = CniEnv { deadline: base.deadline.keeping_for_undo(), ..base.clone() };
-        let mut results = Vec::new();
-        let attached = (|| {
-            // One result record at a time in the cache file.
-            let recording = std::sync::Mutex::new(());
-            let attach = |i: usize| {
-                let a = &state.attachments[i];
-                tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
-                // A device-info file that cannot be placed or a result the cache cannot record is a
-                // failed ADD too.
-                copy_device_info(a)
-                    .and_then(|()| observed(Command::Add, a, &add_env, || a.add(&add_env)))
-                    .and_then(|(result, raw)| {
-                        let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                        cache::record_result(&cache_path, i, &raw).map(|()| (result, raw))
-                    })
-                    .map_err(|e| {
-                        e.context(format!("[{}] adding {}", pod.reference().unwrap_or_default(), a.describe()))
-                    })
-            };
-            let mut added = Vec::new();
-            for group in groups(&state.attachments, conf.parallel) {
-                let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
-                undo.push(Step::Attachments { group: group.clone(), names });
-                let answers = run_group(&group, attach);
-                // The first failure in annotation order is the ADD's error; the others are logged.
-                let mut failed = None;
-                for (i, answer) in group.into_iter().zip(answers) {
-                    match answer {
-                        Ok(done) => added.push((i, done)),
-                        Err(e) if failed.is_none() => failed = Some(e),
-                        Err(e) => tracing::error!("{e}"),
+        let attached =
+            attach_all(&mut state, conf.parallel, &pod, &add_env, &cache_path, &mut undo).and_then(|mut results| {
+                apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
+                    .map_err(|e| e.context("default-route"))?;
+                write_status(&cluster, &pod, &state.attachments, &results)
+                    .map_err(|e| e.context("set network-status"))?;
+                Ok(results)
+            });
+        let mut results = match attached {
+            Ok(results) => results,
+            Err(e) => {
+                return Err(undo.unwind(e, |step| match step {
+                    Step::Cache(path) => files::remove_if_present(&path),
+                    Step::Attachments { group, .. } => {
+                        let failed = teardown_group(&state.attachments, &group, &base, &req.policy);
+                        let n = failed.len();
+                        failed.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
                     }
-                }
-                if let Some(e) = failed {
-                    // The rollback DELs those that succeeded with their results, as a DEL from the
-                    // cache would.
-                    for (i, (_, raw)) in added {
-                        state.attachments[i].result = Some(raw);
-                    }
-                    return Err(e);
-                }
+                }));
             }
-            added.sort_by_key(|(i, _)| *i);
-            for (i, (result, raw)) in added {
-                state.attachments[i].result = Some(raw);
-                results.push(result);
-            }
-            apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
-                .map_err(|e| e.context("default-route"))?;
-            write_status(&cluster, &pod, &state.attachments, &results).map_err(|e| e.context("set network-status"))
-        })();
-        if let Err(e) = attached {
-            return Err(undo.unwind(e, |step| match step {
-                Step::Cache(path) => files::remove_if_present(&path),
-                Step::Attachments { group, .. } => {
-                    let failed = teardown_group(&state.attachments, &group, &base, &req.policy);
-                    let n = failed.len();
-                    failed.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
-                }
-            }));
-        }
+        };
         undo.commit();
         let cluster_network = state.attachments.iter().position(|a| a.cluster_network);
         Ok(match cluster_network {
@@ -628,5 +658,48 @@ impl Plugin for Meta {
             }
         }
         errors.into_result(code::DELEGATE_FAILED, "GC could not clean every attachment")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    /// A log that keeps what is written to it.
+    #[derive(Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Kept {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn what_a_groups_threads_log_reaches_the_requests_log_in_its_span() {
+        let kept = Kept::default();
+        let log = kept.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || log.clone()).with_ansi(false).finish();
+        // The request's log is this thread's subscriber, as the plugin entry point sets it.
+        let _request = tracing::subscriber::set_default(subscriber);
+        let span = tracing::info_span!("cni", container = "c1");
+        let _in = span.enter();
+        let answers = super::run_group(&[0, 1, 2, 3], |i| {
+            tracing::info!("attaching rail {i}");
+            i * 10
+        });
+        assert_eq!(answers, [0, 10, 20, 30]);
+        let text = String::from_utf8(kept.0.lock().unwrap().clone()).unwrap();
+        for i in 0..4 {
+            assert!(
+                text.lines().any(|l| l.contains(&format!("attaching rail {i}")) && l.contains("container=\"c1\"")),
+                "rail {i} missing:\n{text}"
+            );
+        }
     }
 }

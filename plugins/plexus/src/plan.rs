@@ -210,46 +210,7 @@ pub fn plan(
 ) -> Result<Vec<Attachment>, Error> {
     // A NAD is tenant-written: no larger than the policy allows, wherever it is read from.
     let nads = &nad::SizeCapped { source: nads, max: req.policy.limits.nad_config_bytes };
-    let runtime_caps = req.config.runtime_config.clone().unwrap_or_default();
-    let mut out: Vec<Attachment> = Vec::new();
-    let push = |out: &mut Vec<Attachment>,
-                network: String,
-                conf_v: Value,
-                cluster_network: bool,
-                caps: Map<String, Value>,
-                ifname: Option<String>| {
-        let idx = out.len();
-        let ifname = match (cluster_network, ifname) {
-            (true, _) => req.env.ifname.clone(),
-            (false, Some(i)) => i,
-            (false, None) => {
-                format!("net{}", if out.first().is_some_and(|a| a.cluster_network) { idx } else { idx + 1 })
-            }
-        };
-        // The runtime's own capability arguments reach every delegate; the selection's win.
-        let mut all_caps = runtime_caps.clone();
-        all_caps.extend(caps);
-        out.push(Attachment {
-            network,
-            ifname,
-            cluster_network,
-            conf: conf_v,
-            capability_args: all_caps,
-            result: None,
-            device_info_file: None,
-            resource_name: None,
-            device_id: None,
-            default_route: None,
-            cni_args: Vec::new(),
-        });
-    };
-    let (selections, default_network) = match selection {
-        SelectionSource::Annotation { networks, default_network } => (
-            parse_selections(networks.as_deref().unwrap_or_default())?,
-            default_network.as_deref().map(parse_default_network).transpose()?,
-        ),
-        SelectionSource::Config(c) => (parse_selections(c.unwrap_or_default())?, None),
-    };
+    let (selections, default_network) = read_selection(selection)?;
     check_default_routes(&selections)?;
     let cluster_network = conf.cluster_network.as_deref().filter(|c| !c.is_empty());
     let default_networks: &[String] =
@@ -257,57 +218,148 @@ pub fn plan(
     // Refused before any NAD is read or any delegate runs.
     let asked =
         usize::from(cluster_network.is_some()) + conf.delegates.len() + default_networks.len() + selections.len();
-    if asked > req.policy.max_attachments {
-        return Err(Error::invalid_config(format!(
-            "pod {}: {asked} attachments asked for, the node policy allows at most {}",
-            pod.reference().unwrap_or_else(|| "(standalone)".into()),
-            req.policy.max_attachments
-        ))
-        .with_details(format!("maxAttachments (policy: {})", req.policy.source)));
-    }
-    // The pod's default-network annotation replaces the cluster network (or the first inline
-    // delegate); it is looked up in multusNamespace unless it names a namespace (Multus).
-    let replacement = match &default_network {
-        Some(sel) => {
-            let ns = sel.namespace_or(&conf.multus_namespace).to_string();
-            // Unlike Multus, namespace isolation holds here too: the admin's namespace, the
-            // pod's own and the global ones only.
-            let globals = conf.global_namespaces();
-            if conf.namespace_isolation && ns != conf.multus_namespace && ns != pod.namespace && !globals.contains(&ns)
-            {
-                return Err(Error::invalid_config(format!(
-                    "namespace isolation: pod {}/{} may not use network-attachment-definition {ns}/{} as its default network",
-                    pod.namespace, pod.name, sel.name
-                )));
-            }
-            let v = nads.nad(&ns, &sel.name)?.cni_config(&conf.conf_dir)?;
-            Some((format!("{ns}/{}", sel.name), v))
-        }
-        None => None,
-    };
-    let mut replacement = replacement;
+    refuse_too_many(req, pod, asked)?;
+    let mut replacement = default_network.map(|sel| replacement_network(&sel, conf, pod, nads)).transpose()?;
+    let mut out = Planned::new(req);
     if let Some(cn) = cluster_network {
         let (name, v) = match replacement.take() {
             Some(r) => r,
             None => resolve_network(cn, conf, nads)?,
         };
-        push(&mut out, name, v, true, Map::new(), None);
+        out.push(name, v, true, Map::new(), None);
     }
     for (i, d) in conf.delegates.iter().enumerate() {
         let (name, v) = match replacement.take().filter(|_| i == 0) {
             Some(r) => r,
             None => (d.get("name").and_then(Value::as_str).unwrap_or("delegate").to_string(), d.clone()),
         };
-        push(&mut out, name, v, i == 0, Map::new(), None);
+        out.push(name, v, i == 0, Map::new(), None);
     }
     for dn in default_networks {
         let (name, v) = resolve_network(dn, conf, nads)?;
-        push(&mut out, name, v, false, Map::new(), None);
+        out.push(name, v, false, Map::new(), None);
     }
-    let mut device_cursor: std::collections::BTreeMap<String, usize> = Default::default();
-    let globals = conf.global_namespaces();
+    let mut devices = DeviceCursor::default();
     for sel in selections {
+        out.push_selected(&sel, conf, pod, nads, &mut devices)?;
+    }
+    out.finish()
+}
+
+/// The selected networks and the default network asked for, from the annotations or the config.
+fn read_selection(selection: SelectionSource<'_>) -> Result<(Vec<NetworkSelection>, Option<NetworkSelection>), Error> {
+    Ok(match selection {
+        SelectionSource::Annotation { networks, default_network } => (
+            parse_selections(networks.as_deref().unwrap_or_default())?,
+            default_network.as_deref().map(parse_default_network).transpose()?,
+        ),
+        SelectionSource::Config(c) => (parse_selections(c.unwrap_or_default())?, None),
+    })
+}
+
+/// More attachments than the node policy's `maxAttachments`: refused.
+fn refuse_too_many(req: &Request, pod: &Pod, asked: usize) -> Result<(), Error> {
+    if asked <= req.policy.max_attachments {
+        return Ok(());
+    }
+    Err(Error::invalid_config(format!(
+        "pod {}: {asked} attachments asked for, the node policy allows at most {}",
+        pod.reference().unwrap_or_else(|| "(standalone)".into()),
+        req.policy.max_attachments
+    ))
+    .with_details(format!("maxAttachments (policy: {})", req.policy.source)))
+}
+
+/// The network the pod's default-network annotation names, which replaces the cluster network
+/// (or the first inline delegate); looked up in multusNamespace unless it names a namespace
+/// (Multus).
+fn replacement_network(
+    sel: &NetworkSelection,
+    conf: &MetaConf,
+    pod: &Pod,
+    nads: &dyn NadSource,
+) -> Result<(String, Value), Error> {
+    let ns = sel.namespace_or(&conf.multus_namespace).to_string();
+    // Unlike Multus, namespace isolation holds here too: the admin's namespace, the pod's own
+    // and the global ones only.
+    let globals = conf.global_namespaces();
+    if conf.namespace_isolation && ns != conf.multus_namespace && ns != pod.namespace && !globals.contains(&ns) {
+        return Err(Error::invalid_config(format!(
+            "namespace isolation: pod {}/{} may not use network-attachment-definition {ns}/{} as its default network",
+            pod.namespace, pod.name, sel.name
+        )));
+    }
+    let v = nads.nad(&ns, &sel.name)?.cni_config(&conf.conf_dir)?;
+    Ok((format!("{ns}/{}", sel.name), v))
+}
+
+/// How many devices of each resource the pod's selections have taken so far (the n-th
+/// selection of a resource gets the kubelet's n-th device of it).
+type DeviceCursor = std::collections::BTreeMap<String, usize>;
+
+/// The attachments planned so far.
+struct Planned<'r> {
+    req: &'r Request,
+    /// The runtime's own capability arguments: they reach every delegate.
+    runtime_caps: Map<String, Value>,
+    out: Vec<Attachment>,
+}
+
+impl<'r> Planned<'r> {
+    fn new(req: &'r Request) -> Planned<'r> {
+        Planned { req, runtime_caps: req.config.runtime_config.clone().unwrap_or_default(), out: Vec::new() }
+    }
+
+    /// The next attachment: the cluster network gets the runtime's interface name, the others
+    /// theirs or the next `net<n>`.
+    fn push(
+        &mut self,
+        network: String,
+        conf: Value,
+        cluster_network: bool,
+        caps: Map<String, Value>,
+        ifname: Option<String>,
+    ) -> &mut Attachment {
+        let idx = self.out.len();
+        let ifname = match (cluster_network, ifname) {
+            (true, _) => self.req.env.ifname.clone(),
+            (false, Some(i)) => i,
+            (false, None) => {
+                format!("net{}", if self.out.first().is_some_and(|a| a.cluster_network) { idx } else { idx + 1 })
+            }
+        };
+        // The selection's capability arguments win over the runtime's.
+        let mut capability_args = self.runtime_caps.clone();
+        capability_args.extend(caps);
+        self.out.push(Attachment {
+            network,
+            ifname,
+            cluster_network,
+            conf,
+            capability_args,
+            result: None,
+            device_info_file: None,
+            resource_name: None,
+            device_id: None,
+            default_route: None,
+            cni_args: Vec::new(),
+        });
+        self.out.last_mut().expect("just pushed")
+    }
+
+    /// A network the pod selected: its NAD (within namespace isolation), its `cni-args`, the
+    /// device the kubelet allocated for a `resourceName` NAD, the selection's IPs, MAC and
+    /// default route, and its device-info file.
+    fn push_selected(
+        &mut self,
+        sel: &NetworkSelection,
+        conf: &MetaConf,
+        pod: &Pod,
+        nads: &dyn NadSource,
+        devices: &mut DeviceCursor,
+    ) -> Result<(), Error> {
         let ns = sel.namespace_or(&pod.namespace).to_string();
+        let globals = conf.global_namespaces();
         if conf.namespace_isolation && ns != pod.namespace && !globals.contains(&ns) {
             return Err(Error::invalid_config(format!(
                 "namespace isolation: pod {}/{} may not use network-attachment-definition {ns}/{}",
@@ -320,13 +372,13 @@ pub fn plan(
         if let Some(args) = &sel.cni_args {
             merge_cni_args(&mut v, args);
         }
-        let mut caps = selection_caps(&sel);
+        let mut caps = selection_caps(sel);
         // A `resourceName` NAD takes only a device the kubelet allocated to this pod, injected
         // into every plugin of the chain (Multus). A `deviceID` from the annotation is the
         // tenant's word: it reaches only plugins that declare the `deviceID` capability.
         let device = match &nad.resource_name {
             Some(resource) => {
-                let n = device_cursor.entry(resource.clone()).or_default();
+                let n = devices.entry(resource.clone()).or_default();
                 let id = kubelet_device(conf, pod, &ns, &sel.name, resource, *n)?;
                 *n += 1;
                 nad::inject_device_id(&mut v, &id);
@@ -337,9 +389,9 @@ pub fn plan(
         if let Some(id) = &device {
             caps.insert("deviceID".into(), id.clone().into());
         }
-        let network = format!("{ns}/{}", sel.name);
-        push(&mut out, network, v, false, caps, sel.interface.clone());
-        let a = out.last_mut().expect("just pushed");
+        let device_info_dir = self.req.policy.device_info_dir.clone();
+        let container_id = self.req.env.container_id.clone();
+        let a = self.push(format!("{ns}/{}", sel.name), v, false, caps, sel.interface.clone());
         a.default_route = sel.default_route.clone();
         if !sel.ips.is_empty() {
             a.cni_args.push(("IP".into(), sel.ips.join(",")));
@@ -351,26 +403,26 @@ pub fn plan(
         // CNIDeviceInfoFile capability get it; plexus's own attaching plugins always do): a
         // device's, and the RoCE GIDs plexus-macvlan and plexus-host-device find, reach
         // network-status through it. Multus offers one only with a device ID.
-        let file = req.policy.device_info_dir.join(format!(
-            "{}-{}_{}",
-            a.network.replace('/', "-"),
-            req.env.container_id,
-            a.ifname
-        ));
+        let file = device_info_dir.join(format!("{}-{container_id}_{}", a.network.replace('/', "-"), a.ifname));
         a.capability_args.insert("CNIDeviceInfoFile".into(), file.display().to_string().into());
         a.device_info_file = Some(file);
         if device.is_some() {
             a.resource_name = nad.resource_name.clone();
-            a.device_id = device.clone();
+            a.device_id = device;
         }
+        Ok(())
     }
-    let mut seen = std::collections::HashSet::new();
-    for a in &out {
-        if !seen.insert(a.ifname.clone()) {
-            return Err(Error::invalid_config(format!("two attachments ask for interface {:?}", a.ifname)));
+
+    /// The plan, unless two attachments ask for one interface name.
+    fn finish(self) -> Result<Vec<Attachment>, Error> {
+        let mut seen = std::collections::HashSet::new();
+        for a in &self.out {
+            if !seen.insert(a.ifname.clone()) {
+                return Err(Error::invalid_config(format!("two attachments ask for interface {:?}", a.ifname)));
+            }
         }
+        Ok(self.out)
     }
-    Ok(out)
 }
 
 /// Multus's own test cases (v4.3: pkg/k8sclient, pkg/types conf, pkg/multus), restated as tables
