@@ -30,9 +30,11 @@ step() {
   step_name=$1 step_start=$SECONDS
   echo "== $1"
 }
-# The CPU seconds (user + system) of the processes this shell has waited for, from `times`.
-children_cpu() {
-  times | tail -1 | awk '{ n = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] } printf "%.0f", n }'
+# The CPU seconds (user + system) of the processes a shell has waited for: `times` run in that
+# shell (not in a $(...), whose own children it would count) into FILE, read back with
+# `cpu_in FILE`.
+cpu_in() {
+  tail -1 "$1" | awk '{ n = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] } printf "%.0f", n }'
 }
 # Builds that only later steps need run in the background beside the steps in the foreground
 # (2 cores: one build's download, link or serial stretch is the other's CPU), their output in a
@@ -46,7 +48,7 @@ later() {
   echo "== started in the background: $title"
   bg_title[$key]=$title
   set -m
-  ( s=$SECONDS rc=0; "$@" > "$bg/$key.log" 2>&1 || rc=$?; echo "$rc $((SECONDS - s)) $(children_cpu)" > "$bg/$key.rc"; exit "$rc" ) &
+  ( s=$SECONDS rc=0; "$@" > "$bg/$key.log" 2>&1 || rc=$?; times > "$bg/$key.times"; echo "$rc $((SECONDS - s)) $(cpu_in "$bg/$key.times")" > "$bg/$key.rc"; exit "$rc" ) &
   set +m
   bg_pid[$key]=$!
 }
@@ -145,4 +147,5 @@ tail -3 "$bg/arm64.out"
 step done
 echo "== time by step"
 printf '  %s\n' "${times[@]}"
-echo "  $SECONDS s  in all ($(children_cpu) CPU s)"
+times > "$bg/all.times"
+echo "  $SECONDS s  in all ($(cpu_in "$bg/all.times") CPU s)"
