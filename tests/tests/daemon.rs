@@ -713,7 +713,12 @@ fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can
     };
     assert_eq!(status[0]["name"], "default/rail0");
     assert_eq!(status[0]["ips"][0], "198.18.33.1");
-    assert!(d.log_text().contains("written after the API came back"), "{}", d.log_text());
+    // Said once the PATCH's answer is back, a moment after the API server stored it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !d.log_text().contains("written after the API came back") {
+        assert!(Instant::now() < deadline, "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // Written once: no retry goes on after it landed.
     let landed = patches();
     std::thread::sleep(Duration::from_millis(4500));
