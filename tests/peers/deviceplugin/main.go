@@ -71,27 +71,35 @@ func main() {
 	}
 	endpoint := "plexus-test.sock"
 	sock := filepath.Join(*dir, endpoint)
-	_ = os.Remove(sock)
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		log.Fatalf("listen %s: %v", sock, err)
-	}
 	server := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(server, p)
-	go func() { _ = server.Serve(lis) }()
-
-	conn, err := grpc.NewClient("unix://"+filepath.Join(*dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		log.Fatalf("kubelet socket: %v", err)
+	// listen serves the plugin on its socket, made anew: a kubelet that starts empties the
+	// device-plugins directory, its own socket and ours.
+	listen := func() {
+		_ = os.Remove(sock)
+		lis, err := net.Listen("unix", sock)
+		if err != nil {
+			log.Fatalf("listen %s: %v", sock, err)
+		}
+		go func() { _ = server.Serve(lis) }()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
-		Version: pluginapi.Version, Endpoint: endpoint, ResourceName: *resource,
-	})
-	cancel()
-	_ = conn.Close()
-	if err != nil {
-		log.Fatalf("register with the kubelet: %v", err)
+	listen()
+	// Registered as device plugins do, until the kubelet takes it: a kubelet just restarted
+	// answers its health check before its device manager listens.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err != nil {
+			listen()
+		}
+		err := register(*dir, endpoint, *resource)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			log.Fatalf("register with the kubelet: %v", err)
+		}
+		log.Printf("register with the kubelet: %v (again in 250 ms)", err)
+		time.Sleep(250 * time.Millisecond)
 	}
 	log.Printf("registered %s with %d devices", *resource, len(p.devices))
 
@@ -100,4 +108,19 @@ func main() {
 	<-stop
 	server.Stop()
 	_ = os.Remove(sock)
+}
+
+// register asks the kubelet (its registration socket in dir) to take the plugin at endpoint.
+func register(dir, endpoint, resource string) error {
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
+		Version: pluginapi.Version, Endpoint: endpoint, ResourceName: resource,
+	})
+	return err
 }
