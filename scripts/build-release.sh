@@ -28,7 +28,7 @@ if [ "$target" != "$host" ]; then
     aarch64-*) cross=aarch64-linux-gnu; need_packages gcc-aarch64-linux-gnu libc6-dev-arm64-cross ;;
     x86_64-*) cross=x86_64-linux-gnu; need_packages gcc-x86-64-linux-gnu libc6-dev-amd64-cross ;;
   esac
-  rustup target list --installed | grep -qx "$target" || rustup target add "$target" >&2
+  need_rust_target "$target"
   triple_env=$(echo "$target" | tr 'a-z-' 'A-Z_')
   export "CARGO_TARGET_${triple_env}_LINKER=$cross-gcc" "CC_${target//-/_}=$cross-gcc" "AR_${target//-/_}=$cross-ar"
   # A target dir of its own: cargo locks the host's release dir (build scripts) for a cross build

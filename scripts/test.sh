@@ -69,7 +69,7 @@ step "Debian packages"
 need_packages "${packages[@]}"
 # The arm64 build's Rust target, added here: rustup is not to be run twice at once, and the fuzz
 # job below installs the nightly toolchain.
-rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+need_rust_target aarch64-unknown-linux-gnu
 # How the lints run (see the clippy step): the workspace's compiler and its arguments.
 clippy_driver=$(rustup which clippy-driver) clippy_args=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 # Started now, needed later: the peers (Kubernetes, etcd, containerd, crictl, whereabouts, helm,

@@ -12,3 +12,10 @@ need_packages() {
   apt-get update -q >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 }
+
+# `need_rust_target TRIPLE`: the Rust standard library for TRIPLE added with rustup when missing
+# (build-release.sh for a cross build; test.sh before its background jobs, as rustup is not to be
+# run twice at once).
+need_rust_target() {
+  rustup target list --installed | grep -qx "$1" || rustup target add "$1" >&2
+}

@@ -145,11 +145,6 @@ impl ErrorList {
         self.0.len()
     }
 
-    /// What failed, with its error, in the order they were pushed.
-    pub fn iter(&self) -> impl Iterator<Item = &(String, Error)> {
-        self.0.iter()
-    }
-
     /// `Ok` when nothing failed. Otherwise one error: the failures' code when they all have the
     /// same one (a runtime retries a code 11 as it would one delegate's), else `mixed`; `summary`
     /// as its message, and in its details each failure (what failed, its code, its message) in
