@@ -66,7 +66,7 @@ for m in index["manifests"]:
     manifest = json.loads(blob(m["digest"]))
     config = json.loads(blob(manifest["config"]["digest"]))
     assert config["architecture"] == arch, config["architecture"]
-    assert config["config"]["Entrypoint"] == ["/plexus/bin/plexus-install"], config["config"]
+    assert config["config"]["Entrypoint"] == ["/plexus/bin/plexusctl", "install"], config["config"]
     labels = config["config"]["Labels"]
     assert labels["org.opencontainers.image.version"] == version, labels
     assert labels["org.opencontainers.image.revision"] not in ("", "unknown"), labels
@@ -78,10 +78,10 @@ for m in index["manifests"]:
                     files[member.name] = t.extractfile(member).read(20)
     names = sorted(n.removeprefix("./") for n in files)
     want = sorted(f"plexus/bin/{b}" for b in ["plexus", "plexus-macvlan", "plexus-host-device", "plexus-ipam",
-                                                "plexusctl", "plexus-daemon", "plexus-install"])
+                                                "plexusctl", "plexus-daemon"])
     assert names == want, f"{arch}: {names}"  # no shell, nothing else
     for n, head in files.items():
         assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == machine[arch], f"{arch} {n}"
-    print(f"image linux/{arch}: {len(names)} static binaries of its architecture, entrypoint plexus-install, version {version}")
+    print(f"image linux/{arch}: {len(names)} static binaries of its architecture, entrypoint plexusctl install, version {version}")
 PY
 echo "arm64-check.sh: arm64 ADD/DEL through plexus and the entry point's checks pass under qemu-user; the image index holds both architectures"

@@ -26,6 +26,8 @@ fi
 
 echo "== building release binaries (scripts/build-release.sh: static, as shipped)"
 BIN=$(bash scripts/build-release.sh)
+# The tests' fake API server as a process (an example, which the shipped build leaves out).
+bash scripts/build-release.sh --workspace --bins --examples > /dev/null
 REF=/usr/lib/cni
 
 # SECTIONS picks sections (default: all); BENCH_WORK keeps results in (and reuses) a directory, so
@@ -270,7 +272,7 @@ echo "{\"meta\": $(rss "$work/meta.json" "$BIN/plexus")}" > "$work/meta-rss.json
 # With the Kubernetes API: the tests' fake API server over HTTPS (CA + bearer token), in the node
 # namespace; plexus reads the pod's annotation and the NAD, and PATCHes network-status.
 echo '{"cniVersion":"1.0.0","name":"rail0","type":"plexus-macvlan","master":"nic0","mode":"bridge"}' > "$work/nad-rail0.json"
-coproc FAKE { "$BIN/plexus-fake-api" "/run/netns/$node" "$work/kubeconfig" \
+coproc FAKE { "$BIN/examples/plexus-fake-api" "/run/netns/$node" "$work/kubeconfig" \
   --pod "default/bench/uid-bench/rail0@net1" --nad "default/rail0=$work/nad-rail0.json"; }
 read -r _ready <&"${FAKE[0]}"
 echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"kubeconfig\":\"$work/kubeconfig\",\"cniDir\":\"$work/meta-cache\",\"binDir\":\"$BIN\"}" > "$work/meta-api.json"

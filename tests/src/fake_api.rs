@@ -207,7 +207,7 @@ impl FakeApi {
         self.state.lock().unwrap().nads.insert((namespace.into(), name.into()), nad);
     }
 
-    /// A DaemonSet (only its metadata matters: plexus-install asks whether it is there, and
+    /// A DaemonSet (only its metadata matters: `plexusctl install` asks whether it is there, and
     /// whether it is being deleted).
     pub fn set_daemonset(&self, namespace: &str, name: &str, deleting: bool) {
         let mut meta = json!({"name": name, "namespace": namespace, "uid": "ds-uid"});

@@ -216,7 +216,7 @@ fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
         assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
         assert_eq!(binding["subjects"][0]["name"], sa["metadata"]["name"]);
         assert_eq!(binding["subjects"][0]["namespace"], sa["metadata"]["namespace"]);
-        // plexus-install's own: get (is my DaemonSet gone?) and delete (the chart's uninstall hook)
+        // The installer's own (`plexusctl install`): get (is my DaemonSet gone?) and delete (the chart's uninstall hook)
         // of its DaemonSet by name, nothing else.
         let ds = of_kind(&objs, "DaemonSet")[0];
         let install_role = of_kind(&objs, "Role")[0];
@@ -227,7 +227,7 @@ fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
         );
         assert_eq!(of_kind(&objs, "RoleBinding")[0]["subjects"][0]["name"], sa["metadata"]["name"]);
         // DaemonSet: selector matches the template, the service account exists, every mount has a
-        // volume, the image is the workspace's version with no shell: plexus-install runs.
+        // volume, the image is the workspace's version with no shell: `plexusctl install` runs.
         assert_eq!(ds["apiVersion"], "apps/v1");
         assert_eq!(ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"]);
         let spec = &ds["spec"]["template"]["spec"];
@@ -236,7 +236,7 @@ fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
             spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
         let c = &spec["containers"][0];
         assert_eq!(c["image"], format!("localhost/plexus:{}", workspace_version()));
-        assert!(c["command"].is_null(), "the image's entrypoint (plexus-install), no shell");
+        assert!(c["command"].is_null(), "the image's entrypoint (`plexusctl install`), no shell");
         assert_eq!(c["args"][0], "run");
         let args: Vec<&str> = c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
         assert!(args.contains(&"--uninstall-when-removed=plexus"), "{args:?}");
@@ -248,7 +248,7 @@ fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
         let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
         assert_eq!(env[..3], ["NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR"]);
         // The meta config the ConfigMap carries: a conflist plexus reads, naming the kubeconfig
-        // plexus-install writes.
+        // `plexusctl install` writes.
         let cm = of_kind(&objs, "ConfigMap")[0];
         let meta: Value = serde_json::from_str(cm["data"]["00-plexus.conflist"].as_str().unwrap()).unwrap();
         check_cni_config(&format!("{mode} meta config"), &meta);

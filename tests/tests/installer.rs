@@ -1,4 +1,4 @@
-//! plexus-install, the DaemonSet image's entrypoint, as a process: it installs into a host root,
+//! `plexusctl install`, the DaemonSet image's entrypoint, as a process: it installs into a host root,
 //! keeps the kubeconfig's token current, passes SIGTERM to the daemon it runs, and uninstalls
 //! only when its DaemonSet is gone or being deleted (asked of a fake API server over HTTPS in a
 //! namespace of the test's own). The image and the real node: tests/cluster.rs.
@@ -13,7 +13,8 @@ use plexus_tests::netns::Netns;
 use plexus_tests::runner::enter_netns;
 use plexus_tests::{plugin_bin, require_root};
 
-const SHIPPED: &[&str] = &["plexus", "plexus-macvlan"];
+/// An image's /plexus/bin: two plugins and the installer, plexusctl, which is a node tool too.
+const SHIPPED: &[&str] = &["plexus", "plexus-macvlan", "plexusctl"];
 
 /// A node's host root, an image's /plexus/bin, a service account, and the API server.
 struct Pod {
@@ -32,7 +33,7 @@ impl Pod {
         let api = FakeApi::start_in(&ns);
         let image = dir.path().join("image");
         std::fs::create_dir_all(&image).unwrap();
-        for b in SHIPPED.iter().chain(&["plexus-install"]) {
+        for b in SHIPPED {
             std::fs::copy(plugin_bin(b), image.join(b)).unwrap();
         }
         let sa = dir.path().join("sa");
@@ -61,8 +62,9 @@ impl Pod {
 
     fn command(&self, args: &[&str]) -> Command {
         let d = self.dir.path();
-        let mut c = Command::new(d.join("image/plexus-install"));
-        c.args(args)
+        let mut c = Command::new(d.join("image/plexusctl"));
+        c.arg("install")
+            .args(args)
             .arg("--host-root")
             .arg(d.join("host"))
             .arg("--service-account")
@@ -79,7 +81,7 @@ impl Pod {
         c
     }
 
-    /// `plexus-install run ... -- daemon...`, returning once the meta config is in place.
+    /// `plexusctl install run ... -- daemon...`, returning once the meta config is in place.
     fn run(&mut self, daemon: &[&str]) {
         let mut c = self.command(&["run", "--refresh-seconds", "1", "--uninstall-when-removed", "plexus"]);
         if !daemon.is_empty() {
@@ -102,6 +104,7 @@ impl Pod {
         [
             "opt/cni/bin/plexus",
             "opt/cni/bin/plexus-macvlan",
+            "opt/cni/bin/plexusctl",
             "etc/cni/net.d/00-plexus.conflist",
             "etc/cni/net.d/plexus.d/plexus.kubeconfig",
             "etc/cni/net.d/plexus.d/token",
@@ -115,7 +118,6 @@ impl Pod {
     fn others_untouched(&self) {
         assert_eq!(std::fs::read_to_string(self.host("opt/cni/bin/bridge")).unwrap(), "the cluster network's");
         assert!(self.host("etc/cni/net.d/10-bridge.conflist").exists());
-        assert!(!self.host("opt/cni/bin/plexus-install").exists(), "the installer stays in the image");
     }
 }
 
@@ -145,7 +147,7 @@ fn the_pod_installs_everything_keeps_the_token_current_and_stays_installed_when_
     let mut pod = Pod::new();
     pod.api.set_daemonset("kube-system", "plexus", false);
     pod.run(&["sleep", "600"]);
-    assert_eq!(pod.installed().len(), 6, "{:?}", pod.installed());
+    assert_eq!(pod.installed().len(), 7, "{:?}", pod.installed());
     assert_eq!(std::fs::read(pod.host("opt/cni/bin/plexus")).unwrap(), std::fs::read(plugin_bin("plexus")).unwrap());
     assert_eq!(mode(&pod.host("opt/cni/bin/plexus")), 0o755);
     assert_eq!(mode(&pod.host("etc/cni/net.d/plexus.d")), 0o700);
@@ -179,7 +181,7 @@ fn the_pod_installs_everything_keeps_the_token_current_and_stays_installed_when_
     let (code, log) = pod.terminate();
     assert_eq!(code, Some(128 + 15), "{log}");
     assert!(log.contains("still there: plexus stays installed"), "{log}");
-    assert_eq!(pod.installed().len(), 6);
+    assert_eq!(pod.installed().len(), 7);
     assert!(pod.api.requests().contains(&"GET /apis/apps/v1/namespaces/kube-system/daemonsets/plexus".to_string()));
 }
 
@@ -217,7 +219,7 @@ fn when_the_api_server_cannot_say_plexus_stays_installed() {
     let (code, log) = pod.terminate();
     assert_eq!(code, Some(0), "no daemon: a clean end\n{log}");
     assert!(log.contains("could not tell whether DaemonSet plexus is removed"), "{log}");
-    assert_eq!(pod.installed().len(), 6);
+    assert_eq!(pod.installed().len(), 7);
 }
 
 #[test]
@@ -227,7 +229,7 @@ fn the_daemon_ending_on_its_own_ends_the_pod_with_its_code() {
     let child = pod.child.take().unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(pod.installed().len(), 6, "no uninstall without SIGTERM");
+    assert_eq!(pod.installed().len(), 7, "no uninstall without SIGTERM");
 }
 
 #[test]
@@ -235,7 +237,7 @@ fn once_installs_and_uninstall_removes_exactly_that_and_is_idempotent() {
     let pod = Pod::new();
     let out = pod.command(&["once"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(pod.installed().len(), 6);
+    assert_eq!(pod.installed().len(), 7);
     for _ in 0..2 {
         let out = pod.command(&["uninstall"]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

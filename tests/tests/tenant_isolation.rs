@@ -435,8 +435,7 @@ fn plexus_own_binaries_that_are_not_plugins_are_never_run_as_a_delegate() {
     n.macvlan_nad("rail0", "nic0", "198.18.40.0/24", json!({}));
     n.nad("daemon", &json!({"cniVersion": "1.0.0", "type": "plexus-daemon"}));
     n.nad("ctl-ipam", &json!({"cniVersion": "1.0.0", "type": "spy", "ipam": {"type": "plexusctl"}}));
-    n.nad("installer", &json!({"cniVersion": "1.0.0", "type": "plexus-install"}));
-    for (network, name) in [("daemon", "plexus-daemon"), ("ctl-ipam", "plexusctl"), ("installer", "plexus-install")] {
+    for (network, name) in [("daemon", "plexus-daemon"), ("ctl-ipam", "plexusctl")] {
         let started = Instant::now();
         let (code, msg, _) = n.plexus("ADD", &n.meta(&format!("rail0,{network}"))).error();
         assert_eq!(code, 7, "{msg}");
@@ -446,8 +445,7 @@ fn plexus_own_binaries_that_are_not_plugins_are_never_run_as_a_delegate() {
         assert!(n.spied("net2", "ADD").is_none());
     }
     // Installed under another name (a plain copy): exec'd, it refuses at once, binding nothing.
-    for (bin, name) in [("plexus-daemon", "innocent-d"), ("plexusctl", "innocent-c"), ("plexus-install", "innocent-i")]
-    {
+    for (bin, name) in [("plexus-daemon", "innocent-d"), ("plexusctl", "innocent-c")] {
         let copy = n.path("spies").join(name);
         std::fs::copy(plugin_bin(bin), &copy).unwrap();
         n.nad(name, &json!({"cniVersion": "1.0.0", "type": name}));

@@ -32,7 +32,7 @@ pub const OUTPUT_MAX: usize = crate::plugin::STDIN_MAX_BYTES;
 /// plexus's own binaries that are not CNI plugins: never run as a delegate (a network naming one
 /// as its `type` is refused, code 7, before anything runs). Each of them also refuses to run when
 /// it finds `CNI_COMMAND` in its environment, whatever name it was installed under.
-pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl", "plexus-install"];
+pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl"];
 
 /// Whether delegates die with the thread that runs them (a long-running parent).
 static DIE_WITH_PARENT: OnceLock<()> = OnceLock::new();

@@ -11,8 +11,6 @@ use crate::InstallError;
 
 /// The directory beside the meta config holding the kubeconfig and token (0700).
 pub const CREDENTIALS_DIR: &str = "plexus.d";
-/// This binary: in the image beside the plugins, never installed on the host.
-pub const SELF_NAME: &str = "plexus-install";
 
 /// Where plexus lives on the node. Paths are the host's (what the kubelet and plexus see);
 /// `host_root` is where the host's `/` is mounted in this container.
@@ -54,13 +52,14 @@ impl Layout {
     }
 }
 
-/// The binaries to install: every regular file in `from` but this one, sorted.
+/// The binaries to install: every regular file in `from` (the image's /plexus/bin, the installer
+/// among them: plexusctl is a node tool too) but hidden ones, sorted.
 pub fn shipped_binaries(from: &Path) -> Result<Vec<String>, InstallError> {
     let mut names = Vec::new();
     for entry in fs::read_dir(from).map_err(InstallError::io("read", from))? {
         let entry = entry.map_err(InstallError::io("read", from))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name != SELF_NAME && !name.starts_with('.') && entry.file_type().is_ok_and(|t| t.is_file()) {
+        if !name.starts_with('.') && entry.file_type().is_ok_and(|t| t.is_file()) {
             names.push(name);
         }
     }
@@ -232,14 +231,14 @@ mod tests {
     fn image(dir: &Path) -> PathBuf {
         let from = dir.join("image");
         fs::create_dir_all(&from).unwrap();
-        for (name, body) in [("plexus", "A"), ("plexus-macvlan", "B"), (SELF_NAME, "C")] {
+        for (name, body) in [("plexus", "A"), ("plexus-macvlan", "B"), (".keep", "C")] {
             fs::write(from.join(name), body).unwrap();
         }
         from
     }
 
     #[test]
-    fn binaries_land_executable_under_the_host_root_and_the_installer_stays_in_the_image() {
+    fn binaries_land_executable_under_the_host_root_and_hidden_files_stay_in_the_image() {
         let t = tempfile::tempdir().unwrap();
         let from = image(t.path());
         let l = layout(&t.path().join("host"));
@@ -249,7 +248,7 @@ mod tests {
         let p = t.path().join("host/opt/cni/bin/plexus");
         assert_eq!(fs::read(&p).unwrap(), b"A");
         assert_eq!(fs::metadata(&p).unwrap().mode() & 0o777, 0o755);
-        assert!(!t.path().join("host/opt/cni/bin").join(SELF_NAME).exists());
+        assert!(!t.path().join("host/opt/cni/bin/.keep").exists());
     }
 
     #[test]

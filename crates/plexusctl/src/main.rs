@@ -1,8 +1,9 @@
 //! plexusctl: a cnitool-compatible runner (`add|check|del|gc|status <network> <netns>`, libcni's
 //! result cache, so cnitool and plexusctl finish each other's work), IPAM inspection, and node
-//! RoCE readiness checks, and a pod's RoCE GIDs.
+//! RoCE readiness checks, a pod's RoCE GIDs, and `install`, the DaemonSet image's entrypoint.
 
 mod doctor;
+mod install;
 mod ipam;
 mod roce;
 mod runner;
@@ -17,7 +18,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "plexusctl",
     version,
-    about = "Operate plexus: run CNI networks like cnitool, inspect IPAM, check a node for RoCE"
+    about = "Operate plexus: run CNI networks like cnitool, inspect IPAM, check a node for RoCE, install plexus on a node"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -63,6 +64,9 @@ enum Cmd {
         #[arg(long)]
         conf: Option<PathBuf>,
     },
+    /// Install plexus on this node: the DaemonSet image's entrypoint.
+    #[command(subcommand)]
+    Install(install::Cmd),
 }
 
 #[derive(clap::Args)]
@@ -135,8 +139,12 @@ fn main() -> ExitCode {
     if let Some(refused) = plexus_cni::plugin::refuse_as_delegate("plexusctl") {
         return refused;
     }
-    let cli = Cli::parse();
-    let outcome = match &cli.cmd {
+    let cmd = match Cli::parse().cmd {
+        Cmd::Install(c) => return install::main(c),
+        other => other,
+    };
+    let outcome = match &cmd {
+        Cmd::Install(_) => unreachable!("returned above"),
         Cmd::Add(a) => run("add", a),
         Cmd::Check(a) => run("check", a),
         Cmd::Del(a) => run("del", a),

@@ -1,10 +1,15 @@
-//! plexus-install: the entrypoint of plexus's DaemonSet image (which has no shell).
+//! `plexusctl install`: the entrypoint of plexus's DaemonSet image (which has no shell), on the
+//! library `plexus_install`.
 //!
-//!   run        install, then keep the kubeconfig, meta config and policy current; in daemon
-//!              mode start plexus-daemon (the command after `--`) and pass it SIGTERM; when the
-//!              pod ends because its DaemonSet was removed, uninstall
-//!   once       install and exit (an init container, or by hand)
-//!   uninstall  remove every file an install put on the node
+//!   run               install, then keep the kubeconfig, meta config and policy current; in
+//!                     daemon mode start plexus-daemon (the command after `--`) and pass it
+//!                     SIGTERM; when the pod ends because its DaemonSet was removed, uninstall
+//!   once              install and exit (an init container, or by hand)
+//!   uninstall         remove every file an install put on the node
+//!   remove-daemonset  the chart's pre-delete hook
+//!
+//! A subcommand of plexusctl rather than a binary of its own: both link the same API client, and
+//! the image is one 8 MB binary smaller.
 
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
@@ -13,7 +18,7 @@ use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -24,19 +29,8 @@ use plexus_install::credentials::{self, Source};
 use plexus_install::node::{self, Installed, Layout};
 use plexus_k8s::api::Reply;
 
-#[derive(Parser)]
-#[command(
-    name = "plexus-install",
-    version,
-    about = "Installs plexus on the node it runs on (the DaemonSet's entrypoint)"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Cmd,
-}
-
 #[derive(Subcommand)]
-enum Cmd {
+pub(crate) enum Cmd {
     /// Install, keep it current, run the daemon given after `--`, uninstall when the DaemonSet goes.
     Run {
         #[command(flatten)]
@@ -80,7 +74,7 @@ const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// Where things come from and where they go. Set by the cluster admin (the DaemonSet's args).
 #[derive(Args)]
-struct What {
+pub(crate) struct What {
     /// Where the host's `/` is mounted in this container.
     #[arg(long, env = "PLEXUS_HOST_ROOT", default_value = "/host")]
     host_root: PathBuf,
@@ -206,15 +200,13 @@ impl Plan {
 }
 
 fn log(msg: &str) {
-    eprintln!("plexus-install: {}", plexus_cni::logging::escape_controls(msg));
+    eprintln!("plexusctl install: {}", plexus_cni::logging::escape_controls(msg));
 }
 
-fn main() -> ExitCode {
-    if let Some(refused) = plexus_cni::plugin::refuse_as_delegate("plexus-install") {
-        return refused;
-    }
-    match main_inner() {
-        Ok(code) => code,
+/// Runs `plexusctl install CMD`. Its exit code is the supervised daemon's when that ended first.
+pub(crate) fn main(cmd: Cmd) -> ExitCode {
+    match execute(cmd) {
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             log(&format!("error: {e:#}"));
             ExitCode::FAILURE
@@ -222,21 +214,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn main_inner() -> Result<ExitCode> {
-    match Cli::parse().command {
+fn execute(cmd: Cmd) -> Result<u8> {
+    match cmd {
         Cmd::Once { what } => {
             what.plan()?.install()?;
-            Ok(ExitCode::SUCCESS)
+            Ok(0)
         }
         Cmd::Uninstall { what } => {
             let mut plan = what.plan_for_removal()?;
             plan.credentials = None;
             plan.uninstall()?;
-            Ok(ExitCode::SUCCESS)
+            Ok(0)
         }
         Cmd::RemoveDaemonset { name, service_account, timeout_seconds } => {
             remove_daemonset(&service_account, &name, Duration::from_secs(timeout_seconds))?;
-            Ok(ExitCode::SUCCESS)
+            Ok(0)
         }
         Cmd::Run { what, refresh_seconds, uninstall_when_removed, daemon } => {
             let plan = what.plan()?;
@@ -254,7 +246,7 @@ impl What {
 }
 
 /// Install, then wait for signals, a change to look at, or the daemon's end.
-fn run(plan: &Plan, period: Duration, daemonset: Option<&str>, daemon: &[String]) -> Result<ExitCode> {
+fn run(plan: &Plan, period: Duration, daemonset: Option<&str>, daemon: &[String]) -> Result<u8> {
     let mut mask = SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGCHLD] {
         mask.add(s);
@@ -296,7 +288,7 @@ fn run(plan: &Plan, period: Duration, daemonset: Option<&str>, daemon: &[String]
         if signal == Signal::SIGCHLD {
             if let Some(code) = reap(&mut child) {
                 log(&format!("the daemon ended ({code}); leaving"));
-                return Ok(ExitCode::from(code));
+                return Ok(code);
             }
             continue;
         }
@@ -314,7 +306,7 @@ fn run(plan: &Plan, period: Duration, daemonset: Option<&str>, daemon: &[String]
                 }
             }
         }
-        return Ok(ExitCode::from(status));
+        return Ok(status);
     }
 }
 
