@@ -129,7 +129,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Err(e) => tracing::warn!("node policy: {e}: the NAD cache keeps configs of the default size"),
     }
     let metrics = Arc::new(metrics::Metrics::new());
-    plexus::set_observer(Box::new(metrics::Delegates::new(metrics.clone())));
     let timeout = Duration::from_secs_f64(args.api_timeout.max(0.1));
     let caches = match plexus_k8s::api::kube_config(args.kubeconfig.as_deref(), timeout).await? {
         Some(config) => {
@@ -169,7 +168,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let view = caches.clone().map(|c| c as Arc<dyn plexus::ClusterView>);
     let status = caches.as_ref().map(|c| c.status.clone());
     let daemon = Arc::new(server::Daemon::new(
-        plexus::Meta::in_daemon(view),
+        plexus::Meta::with_view(view).observed_by(Arc::new(metrics::Delegates::new(metrics.clone()))),
         metrics,
         args.max_concurrent.max(1),
         args.max_queued,

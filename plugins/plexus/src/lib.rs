@@ -18,17 +18,18 @@
 mod attachment;
 mod cache;
 mod conf;
+mod delegates;
 mod plan;
 mod pod;
 pub mod shim;
 pub mod wire;
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use attachment::Attachment;
 use conf::MetaConf;
+use delegates::{Chains, Delegates};
 use plan::{Pod, SelectionSource};
 use plexus_cni::logging;
 use plexus_cni::undo::Undo;
@@ -41,38 +42,38 @@ use pod::PodNetns;
 use serde_json::Value;
 
 pub use conf::MetaConf as Config;
+pub use delegates::{Observer, UNKNOWN_TYPE};
 
 /// The meta-plugin's name and version (the shim's and the daemon's).
 pub const ABOUT: About =
     About { name: "plexus", version: env!("CARGO_PKG_VERSION"), build: Some(plexus_build_id::BUILD) };
 
-/// The meta-plugin. [`Meta::thin`] is the `plexus` binary: it reads the API (or `nadDir`) on
-/// every call and forwards to the daemon when the config names one; [`Meta::in_daemon`] is the
-/// daemon's, which reads its caches and never forwards.
+/// The meta-plugin: it runs a request the same way wherever it runs. How a request reaches it is
+/// not its concern: the `plexus` binary's shim ([`shim`]) sends it to the daemon first when the
+/// config names one, and runs it here only when the daemon does not answer; `plexus-daemon` runs
+/// it on its caches. What differs is only where the cluster is read: [`Meta::thin`] asks the API
+/// (or `nadDir`) on every call; [`Meta::with_view`] reads the daemon's watch caches. Delegates
+/// run through [`delegates`]' seam.
 pub struct Meta {
     view: Option<Arc<dyn ClusterView>>,
-    in_daemon: bool,
-    /// The shim already sent this request to the daemon (`shim::run`'s fast path), which did
-    /// not answer it: how that ended, instead of sending it again.
-    forwarded: Option<shim::Forwarded>,
+    delegates: Arc<dyn Delegates>,
 }
 
 impl Meta {
-    /// The `plexus` binary.
+    /// The `plexus` binary's: the API (or `nadDir`) read on every call.
     pub fn thin() -> Meta {
-        Meta { view: None, in_daemon: false, forwarded: None }
+        Meta { view: None, delegates: Arc::new(Chains::default()) }
     }
 
-    /// The `plexus` binary after its fast path sent the request to the daemon and got no answer
-    /// to print (`forwarded` says why): the request runs here, as the shim's normal path would.
-    pub fn thin_after(forwarded: shim::Forwarded) -> Meta {
-        Meta { view: None, in_daemon: false, forwarded: Some(forwarded) }
+    /// `plexus-daemon`'s: the cluster is `view` when the daemon has an API (else `nadDir`, as in
+    /// thin mode).
+    pub fn with_view(view: Option<Arc<dyn ClusterView>>) -> Meta {
+        Meta { view, ..Meta::thin() }
     }
 
-    /// Inside `plexus-daemon`: the cluster is `view` when the daemon has an API (else `nadDir`, as
-    /// in thin mode), and requests are never forwarded.
-    pub fn in_daemon(view: Option<Arc<dyn ClusterView>>) -> Meta {
-        Meta { view, in_daemon: true, forwarded: None }
+    /// `observer` is told of every delegate call (the daemon's metrics).
+    pub fn observed_by(self, observer: Arc<dyn Observer>) -> Meta {
+        Meta { delegates: Arc::new(Chains { observer: Some(observer) }), ..self }
     }
 }
 
@@ -95,50 +96,6 @@ impl ClusterView for ApiClient {
     fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         ApiClient::set_network_status(self, pod, statuses)
     }
-}
-
-/// Told of every delegate call (the daemon's metrics).
-pub trait Observer: Send + Sync {
-    /// `command` on `network` (whose first plugin is `delegate_type`) took `took`; `code` is the
-    /// CNI error code when it failed.
-    fn delegate(&self, command: Command, network: &str, delegate_type: &str, took: Duration, code: Option<u32>);
-}
-
-static OBSERVER: OnceLock<Box<dyn Observer>> = OnceLock::new();
-
-/// Set, once per process, who is told of every delegate call.
-pub fn set_observer(observer: Box<dyn Observer>) {
-    let _ = OBSERVER.set(observer);
-}
-
-/// The delegate type an observer is told: the attachment's first plugin when it is a plugin
-/// installed where delegates are found (the admin's `binDir` and `CNI_PATH`), else
-/// [`UNKNOWN_TYPE`] — a NAD's `type` is any string a tenant writes, and a metric label per string
-/// would grow without bound.
-fn observed_type(a: &Attachment, base: &CniEnv) -> String {
-    let t = a.delegate_type();
-    match plexus_cni::delegate::find_plugin(&t, &base.path) {
-        Ok(_) => t,
-        Err(_) => UNKNOWN_TYPE.into(),
-    }
-}
-
-/// The delegate type observers are told for a type that names no installed plugin.
-pub const UNKNOWN_TYPE: &str = "(not installed)";
-
-/// Run one delegate verb, telling the observer how long it took and how it ended.
-fn observed<T>(
-    command: Command,
-    a: &Attachment,
-    base: &CniEnv,
-    call: impl FnOnce() -> Result<T, Error>,
-) -> Result<T, Error> {
-    let Some(obs) = OBSERVER.get() else { return call() };
-    let start = Instant::now();
-    let out = call();
-    let code = out.as_ref().err().map(|e| e.code);
-    obs.delegate(command, &a.network, &observed_type(a, base), start.elapsed(), code);
-    out
 }
 
 /// Where NADs (and the pod's selection) come from: the Kubernetes API (the daemon's caches, or
@@ -349,6 +306,7 @@ fn attach_all(
     env: &CniEnv,
     cache_path: &std::path::Path,
     undo: &mut Undo<Step>,
+    delegates: &dyn Delegates,
 ) -> Result<Vec<CniResult>, Error> {
     // One result record at a time in the cache file.
     let recording = std::sync::Mutex::new(());
@@ -357,7 +315,7 @@ fn attach_all(
         let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
         undo.push(Step::Attachments { group: group.clone(), names });
         let attachments = &state.attachments;
-        let answers = run_group(&group, |i| attach(&attachments[i], i, env, cache_path, &recording, pod));
+        let answers = run_group(&group, |i| attach(&attachments[i], i, env, cache_path, &recording, pod, delegates));
         let mut failed = None;
         for (i, answer) in group.into_iter().zip(answers) {
             match answer {
@@ -393,10 +351,11 @@ fn attach(
     cache_path: &std::path::Path,
     recording: &std::sync::Mutex<()>,
     pod: &Pod,
+    delegates: &dyn Delegates,
 ) -> Result<(CniResult, Value), Error> {
     tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
     copy_device_info(a)
-        .and_then(|()| observed(Command::Add, a, env, || a.add(env)))
+        .and_then(|()| delegates.add(a, env))
         .and_then(|(result, raw)| {
             let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             cache::record_result(cache_path, i, &raw).map(|()| (result, raw))
@@ -406,14 +365,30 @@ fn attach(
 
 /// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
 /// failures; the failures in reverse annotation order.
-fn delete_all(attachments: &[Attachment], base: &CniEnv, policy: &Policy, parallel: bool) -> ErrorList {
-    groups(attachments, parallel).iter().rev().flat_map(|g| teardown_group(attachments, g, base, policy)).collect()
+fn delete_all(
+    attachments: &[Attachment],
+    base: &CniEnv,
+    policy: &Policy,
+    parallel: bool,
+    delegates: &dyn Delegates,
+) -> ErrorList {
+    groups(attachments, parallel)
+        .iter()
+        .rev()
+        .flat_map(|g| teardown_group(attachments, g, base, policy, delegates))
+        .collect()
 }
 
 /// DEL one group's attachments at once; the failures, each with its attachment, in reverse
 /// annotation order.
-fn teardown_group(attachments: &[Attachment], group: &[usize], base: &CniEnv, policy: &Policy) -> ErrorList {
-    let answers = run_group(group, |i| teardown(&attachments[i], base, policy));
+fn teardown_group(
+    attachments: &[Attachment],
+    group: &[usize],
+    base: &CniEnv,
+    policy: &Policy,
+    delegates: &dyn Delegates,
+) -> ErrorList {
+    let answers = run_group(group, |i| teardown(&attachments[i], base, policy, delegates));
     group
         .iter()
         .zip(answers)
@@ -424,12 +399,32 @@ fn teardown_group(attachments: &[Attachment], group: &[usize], base: &CniEnv, po
 
 /// DEL one attachment; its device-info file goes too (only in the policy's device-info
 /// directory), whatever the delegate answered.
-fn teardown(a: &Attachment, base: &CniEnv, policy: &Policy) -> Result<(), Error> {
-    let deleted = observed(Command::Del, a, base, || a.del(base));
+fn teardown(a: &Attachment, base: &CniEnv, policy: &Policy, delegates: &dyn Delegates) -> Result<(), Error> {
+    let deleted = delegates.del(a, base);
     if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
         let _ = files::remove_if_present(f);
     }
     deleted
+}
+
+/// A failed ADD undone: every step `undo` holds, the last first (the attachments' groups DEL'd,
+/// failed ones too, then the cache file); `e`, with what could not be undone.
+fn roll_back(
+    undo: Undo<Step>,
+    e: Error,
+    attachments: &[Attachment],
+    base: &CniEnv,
+    policy: &Policy,
+    delegates: &dyn Delegates,
+) -> Error {
+    undo.unwind(e, |step| match step {
+        Step::Cache(path) => files::remove_if_present(&path),
+        Step::Attachments { group, .. } => {
+            let failed = teardown_group(attachments, &group, base, policy, delegates);
+            let n = failed.len();
+            failed.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
+        }
+    })
 }
 
 /// A completed step of the meta-plugin's ADD, and what undoing it takes.
@@ -451,45 +446,6 @@ impl std::fmt::Display for Step {
     }
 }
 
-impl Meta {
-    /// Daemon mode (the config names `daemonSocket`, and this is the shim): the daemon's answer —
-    /// `Ok(Some(stdout))` when the request succeeded there, its error when it failed — or `None`
-    /// when the request is to run here: the daemon is not there, does not take it in time, is
-    /// busy, or (any verb but ADD, all of which are safe to repeat) went away mid-request. An ADD
-    /// the daemon took and dropped fails with code 11: the daemon may have done part of it, which
-    /// the runtime's DEL undoes before it tries again.
-    fn via_daemon(&self, req: &Request, conf: &MetaConf) -> Result<Option<String>, Error> {
-        let Some(socket) = conf.daemon_socket.as_deref().filter(|_| !self.in_daemon) else { return Ok(None) };
-        let forwarded = match &self.forwarded {
-            Some(f) => f.clone(),
-            None => shim::forward(socket, &req.stdin),
-        };
-        match forwarded {
-            shim::Forwarded::Answered(r) if r.exit == 0 => {
-                tracing::debug!(socket = %socket.display(), "answered by plexus-daemon");
-                Ok(Some(r.stdout))
-            }
-            shim::Forwarded::Answered(r) => Err(serde_json::from_str::<Error>(&r.stdout).unwrap_or_else(|e| {
-                Error::internal(format!("plexus-daemon's answer is not a CNI error ({e}): {:?}", r.stdout))
-            })),
-            shim::Forwarded::Lost(why) if req.env.command == Command::Add => {
-                Err(Error::try_again_later(why).with_details("the runtime's DEL undoes what the daemon did"))
-            }
-            shim::Forwarded::RunHere(why) | shim::Forwarded::Lost(why) => {
-                tracing::warn!("plexus-daemon: {why}: running the {} here (thin mode)", req.env.command);
-                Ok(None)
-            }
-        }
-    }
-
-    /// For a verb that prints nothing (DEL, CHECK, STATUS, GC): the meta config when the request
-    /// is to run here, `None` when plexus-daemon ran it and it succeeded.
-    fn conf_to_run_here(&self, req: &Request) -> Result<Option<MetaConf>, Error> {
-        let conf = MetaConf::load(req)?;
-        Ok(self.via_daemon(req, &conf)?.is_none().then_some(conf))
-    }
-}
-
 impl Plugin for Meta {
     fn known_args(&self) -> &'static [&'static str] {
         &["IP", "MAC", "GATEWAY"]
@@ -503,9 +459,6 @@ impl Plugin for Meta {
 
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let conf = MetaConf::load(req)?;
-        if let Some(stdout) = self.via_daemon(req, &conf)? {
-            return CniResult::parse(stdout.as_bytes());
-        }
         conf.wait_ready(req.env.deadline)?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
@@ -531,8 +484,9 @@ impl Plugin for Meta {
         undo.push(Step::Cache(cache_path.clone()));
         // The delegates' ADDs end early enough for their DELs (a rollback) to run in what is left.
         let add_env = CniEnv { deadline: base.deadline.keeping_for_undo(), ..base.clone() };
-        let attached =
-            attach_all(&mut state, conf.parallel, &pod, &add_env, &cache_path, &mut undo).and_then(|mut results| {
+        let delegates = &*self.delegates;
+        let attached = attach_all(&mut state, conf.parallel, &pod, &add_env, &cache_path, &mut undo, delegates)
+            .and_then(|mut results| {
                 apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
                     .map_err(|e| e.context("default-route"))?;
                 write_status(&cluster, &pod, &state.attachments, &results)
@@ -541,16 +495,7 @@ impl Plugin for Meta {
             });
         let mut results = match attached {
             Ok(results) => results,
-            Err(e) => {
-                return Err(undo.unwind(e, |step| match step {
-                    Step::Cache(path) => files::remove_if_present(&path),
-                    Step::Attachments { group, .. } => {
-                        let failed = teardown_group(&state.attachments, &group, &base, &req.policy);
-                        let n = failed.len();
-                        failed.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
-                    }
-                }));
-            }
+            Err(e) => return Err(roll_back(undo, e, &state.attachments, &base, &req.policy, delegates)),
         };
         undo.commit();
         let cluster_network = state.attachments.iter().position(|a| a.cluster_network);
@@ -561,7 +506,7 @@ impl Plugin for Meta {
     }
 
     fn del(&self, req: &Request) -> Result<(), Error> {
-        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
+        let conf = MetaConf::load(req)?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
@@ -583,7 +528,7 @@ impl Plugin for Meta {
                 }
             }
         };
-        let errors = delete_all(&attachments, &base, &req.policy, conf.parallel);
+        let errors = delete_all(&attachments, &base, &req.policy, conf.parallel, &*self.delegates);
         if errors.is_empty() || !conf.retry_delete_on_error {
             files::remove_if_present(&cache_path)?;
         }
@@ -593,7 +538,7 @@ impl Plugin for Meta {
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {
-        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
+        let conf = MetaConf::load(req)?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
@@ -607,13 +552,13 @@ impl Plugin for Meta {
             })?;
         // Every attachment, not only the cluster network (Multus checks only static delegates).
         for a in &runnable(state.attachments, &base) {
-            observed(Command::Check, a, &base, || a.check(&base))?;
+            self.delegates.check(a, &base)?;
         }
         Ok(())
     }
 
     fn status(&self, req: &Request) -> Result<(), Error> {
-        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
+        let conf = MetaConf::load(req)?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
         for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
@@ -623,7 +568,7 @@ impl Plugin for Meta {
     }
 
     fn gc(&self, req: &Request) -> Result<(), Error> {
-        let Some(conf) = self.conf_to_run_here(req)? else { return Ok(()) };
+        let conf = MetaConf::load(req)?;
         let valid = req.valid_attachments()?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
@@ -639,7 +584,13 @@ impl Plugin for Meta {
             let mut env = base.clone();
             env.container_id = c.container_id.clone();
             env.netns = c.netns.clone();
-            errors.extend(delete_all(&runnable(c.attachments, &env), &env, &req.policy, conf.parallel));
+            errors.extend(delete_all(
+                &runnable(c.attachments, &env),
+                &env,
+                &req.policy,
+                conf.parallel,
+                &*self.delegates,
+            ));
             let _ = files::remove_if_present(&path);
         }
         // Then GC on every delegate network, with the attachments still valid for it.
@@ -662,44 +613,4 @@ impl Plugin for Meta {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    /// A log that keeps what is written to it.
-    #[derive(Clone, Default)]
-    struct Kept(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Kept {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn what_a_groups_threads_log_reaches_the_requests_log_in_its_span() {
-        let kept = Kept::default();
-        let log = kept.clone();
-        let subscriber = tracing_subscriber::fmt().with_writer(move || log.clone()).with_ansi(false).finish();
-        // The request's log is this thread's subscriber, as the plugin entry point sets it.
-        let _request = tracing::subscriber::set_default(subscriber);
-        let span = tracing::info_span!("cni", container = "c1");
-        let _in = span.enter();
-        let answers = super::run_group(&[0, 1, 2, 3], |i| {
-            tracing::info!("attaching rail {i}");
-            i * 10
-        });
-        assert_eq!(answers, [0, 10, 20, 30]);
-        let text = String::from_utf8(kept.0.lock().unwrap().clone()).unwrap();
-        for i in 0..4 {
-            assert!(
-                text.lines().any(|l| l.contains(&format!("attaching rail {i}")) && l.contains("container=\"c1\"")),
-                "rail {i} missing:\n{text}"
-            );
-        }
-    }
-}
+mod tests;

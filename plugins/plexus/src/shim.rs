@@ -1,12 +1,16 @@
-//! The shim's side of daemon mode: send the invocation to `plexus-daemon` and hand its answer
-//! back, or say why the request is to be run here, in thin mode (Multus's shim fails instead).
+//! The `plexus` binary's front: in daemon mode, send the invocation to `plexus-daemon` and hand
+//! its answer back, or run the request here, in thin mode, when the daemon does not answer
+//! (Multus's shim fails instead). Forwarding is the shim's alone: the meta-plugin ([`crate::Meta`])
+//! runs whatever reaches it, here or in the daemon, the same way.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::wire;
+use plexus_cni::{CniResult, Command, Error, Plugin, Request};
+
+use crate::{Meta, wire};
 
 /// How long the daemon has to take a request (connect, send, its one-byte answer). Past it the
 /// shim runs the request itself.
@@ -26,8 +30,9 @@ pub enum Forwarded {
 /// The `plexus` binary. In daemon mode the request goes to the daemon before anything else is
 /// read or checked — the daemon runs the very same entry point on the same environment and stdin,
 /// so what it prints is printed as it is. Anything short of an answer (no `daemonSocket`, no
-/// daemon, not taken in time, lost mid-request) goes the normal way, with the forwarding's outcome
-/// handed on so that it is logged and acted on there and the request is never sent twice.
+/// daemon, not taken in time, lost mid-request) goes through the entry point here, the meta-plugin
+/// wrapped in [`NotAnswered`] when the daemon was tried, so that why is logged in the request's
+/// log and a lost ADD fails; the request is never sent twice.
 pub fn run() -> std::process::ExitCode {
     use std::process::ExitCode;
     let mut stdin = Vec::new();
@@ -36,7 +41,9 @@ pub fn run() -> std::process::ExitCode {
         .take(plexus_cni::plugin::STDIN_MAX_BYTES as u64 + 1)
         .read_to_end(&mut stdin)
         .map_err(|e| e.to_string());
-    let meta = match read.as_ref().ok().and_then(|_| daemon_socket_of(&stdin)) {
+    let thin = Meta::thin();
+    let not_answered;
+    let plugin: &dyn Plugin = match read.as_ref().ok().and_then(|_| daemon_socket_of(&stdin)) {
         Some(socket) => match forward(&socket, &stdin) {
             Forwarded::Answered(r) => {
                 let mut out = std::io::stdout().lock();
@@ -45,9 +52,16 @@ pub fn run() -> std::process::ExitCode {
                     Err(_) => ExitCode::from(1),
                 };
             }
-            other => crate::Meta::thin_after(other),
+            Forwarded::RunHere(why) => {
+                not_answered = NotAnswered { meta: Meta::thin(), why, lost: false };
+                &not_answered
+            }
+            Forwarded::Lost(why) => {
+                not_answered = NotAnswered { meta: Meta::thin(), why, lost: true };
+                &not_answered
+            }
         },
-        None => crate::Meta::thin(),
+        None => &thin,
     };
     // An unreadable stdin is reported by the entry point, as when it reads stdin itself.
     let mut input: Box<dyn Read + '_> = match read {
@@ -56,12 +70,69 @@ pub fn run() -> std::process::ExitCode {
     };
     ExitCode::from(plexus_cni::plugin::dispatch(
         crate::ABOUT,
-        &meta,
+        plugin,
         |k: &str| std::env::var(k).ok(),
         &mut input,
         &mut std::io::stdout().lock(),
         &mut std::io::stderr().lock(),
     ))
+}
+
+/// The meta-plugin run here after the daemon was tried and did not answer (`why`): each verb logs
+/// why in the request's log (the entry point has set it up) and runs here; but an ADD the daemon
+/// took and lost (`lost`) fails with code 11, since the daemon may have done part of it, which
+/// the runtime's DEL undoes before it tries again. Every other verb is safe to repeat.
+struct NotAnswered {
+    meta: Meta,
+    why: String,
+    lost: bool,
+}
+
+impl NotAnswered {
+    fn here(&self, req: &Request) -> Result<(), Error> {
+        if self.lost && req.env.command == Command::Add {
+            return Err(
+                Error::try_again_later(self.why.clone()).with_details("the runtime's DEL undoes what the daemon did")
+            );
+        }
+        tracing::warn!("plexus-daemon: {}: running the {} here (thin mode)", self.why, req.env.command);
+        Ok(())
+    }
+}
+
+impl Plugin for NotAnswered {
+    fn known_args(&self) -> &'static [&'static str] {
+        self.meta.known_args()
+    }
+
+    fn admin_config(&self, req: &Request) -> bool {
+        self.meta.admin_config(req)
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, Error> {
+        self.here(req)?;
+        self.meta.add(req)
+    }
+
+    fn del(&self, req: &Request) -> Result<(), Error> {
+        self.here(req)?;
+        self.meta.del(req)
+    }
+
+    fn check(&self, req: &Request) -> Result<(), Error> {
+        self.here(req)?;
+        self.meta.check(req)
+    }
+
+    fn status(&self, req: &Request) -> Result<(), Error> {
+        self.here(req)?;
+        self.meta.status(req)
+    }
+
+    fn gc(&self, req: &Request) -> Result<(), Error> {
+        self.here(req)?;
+        self.meta.gc(req)
+    }
 }
 
 /// The daemon socket this invocation is to go to first: a CNI verb other than VERSION, a
@@ -160,4 +231,58 @@ fn connect(socket: &Path) -> std::io::Result<UnixStream> {
     let stream = UnixStream::from(fd);
     stream.set_nonblocking(false)?;
     Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// An invocation with a daemon socket in its config and nothing else to attach.
+    fn request(command: &str, dir: &Path) -> Request {
+        plexus_cni::testing::request(
+            &[
+                ("CNI_COMMAND", command),
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_NETNS", "/run/netns/plexus-none"),
+                ("CNI_IFNAME", "net1"),
+                ("CNI_PATH", "/nonexistent"),
+            ],
+            &json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus",
+                    "daemonSocket": dir.join("daemon.sock"), "cniDir": dir}),
+            plexus_cni::Policy::default(),
+        )
+    }
+
+    fn not_answered(lost: bool) -> NotAnswered {
+        NotAnswered { meta: Meta::thin(), why: "daemon.sock took the request and went away".into(), lost }
+    }
+
+    #[test]
+    fn an_add_the_daemon_took_and_lost_fails_with_code_11_and_nothing_runs_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = not_answered(true).add(&request("ADD", dir.path())).unwrap_err();
+        assert_eq!(e.code, plexus_cni::code::TRY_AGAIN_LATER, "{e}");
+        assert!(e.msg.contains("went away"), "{e}");
+        assert!(e.details.contains("DEL undoes"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the meta-plugin wrote nothing");
+    }
+
+    #[test]
+    fn an_add_the_daemon_did_not_take_runs_here_as_in_thin_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        // The meta-plugin's own answer: this config selects no network.
+        let e = not_answered(false).add(&request("ADD", dir.path())).unwrap_err();
+        assert_eq!(e.code, plexus_cni::code::INVALID_NETWORK_CONFIG, "{e}");
+        assert!(e.msg.contains("no network to attach"), "{e}");
+    }
+
+    #[test]
+    fn every_other_verb_of_a_lost_request_runs_here_since_repeating_it_is_safe() {
+        let dir = tempfile::tempdir().unwrap();
+        not_answered(true).del(&request("DEL", dir.path())).unwrap();
+        // The meta-plugin's own answer: nothing was added for this container.
+        let e = not_answered(true).check(&request("CHECK", dir.path())).unwrap_err();
+        assert!(e.msg.contains("no attachments recorded for container c1"), "{e}");
+    }
 }

@@ -1,17 +1,21 @@
-//! The store itself: reads and writes of whereabouts' objects through the API server, the node's
-//! writers taking turns through the spool, reservations beside each entry.
+//! The store itself: allocations and releases in whereabouts' objects through the API server.
+//! Its objects' reads and writes are `client/objects.rs`; the node's writers taking turns (lock,
+//! Lease, spool, batch commits, retries) `client/turns.rs`.
+
+mod objects;
+mod turns;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use http::Method;
-use plexus_k8s::api::{ACCEPT_METADATA, ApiClient, Reply};
+use plexus_k8s::api::{ApiClient, Reply};
 use serde_json::{Value, json};
 
-use super::batch::{Request, entry, escape, plan_batch, removal, take_over};
-use super::names::{pool_name, reservation_name};
-use super::pool::{CURSOR_ANNOTATION, MAX_OFFSET, Pool, reserved_for};
-use super::spool::{Answer, Kind, Spool, Ticket};
+use super::batch::{entry, escape, removal, take_over};
+use super::names::pool_name;
+use super::pool::{CURSOR_ANNOTATION, MAX_OFFSET, Pool};
+use super::spool::{Answer, Kind};
 use crate::config::{DEFAULT_DOMAIN, KubernetesStoreConfig};
 use crate::error::IpamError;
 use crate::range::IpRange;
@@ -112,171 +116,6 @@ impl KubernetesStore {
             Some(n) => format!("{base}/{n}"),
             None => base,
         }
-    }
-
-    /// The pool of `range`; when it does not exist yet, created (empty) if `create`, else
-    /// `None`. `Read::Cached` takes it from the API server's watch cache (no etcd read; maybe a
-    /// moment old), for a write whose every answer its `test`s check.
-    fn pool(&self, range: &IpRange, read: Read, create: bool) -> Result<Option<Pool>, IpamError> {
-        let name = pool_name(self.network_name.as_deref(), range);
-        let mut path = self.path("ippools", Some(&name));
-        if read == Read::Cached {
-            path.push_str("?resourceVersion=0");
-        }
-        for _ in 0..3 {
-            let what = format!("get ippool {}/{name}", self.namespace);
-            match self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
-                Reply::Ok(obj) => return Ok(Some(Pool::from_object(&name, &obj, range))),
-                Reply::NotFound if !create => return Ok(None),
-                Reply::NotFound => {
-                    self.refuse_past_pool_limit(&name)?;
-                    let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
-                        "metadata": {"name": name, "namespace": self.namespace, "annotations": {}},
-                        "spec": {"range": range.network.to_string(), "allocations": {}}});
-                    let what = format!("create ippool {}/{name}", self.namespace);
-                    // Created by another writer meanwhile: read it again (from etcd).
-                    path = self.path("ippools", Some(&name));
-                    self.api
-                        .send(&what, Method::POST, &self.path("ippools", None), JSON, Some(&obj))
-                        .map_err(unavailable)?;
-                }
-                Reply::Conflict(m) => return Err(unavailable(m)),
-            }
-        }
-        Err(unavailable(format!("ippool {name} could not be read")))
-    }
-
-    /// Refuse to create IPPool `name` when the namespace holds [`KubernetesStore::max_pools`]
-    /// already (code 7, the policy's `limits.kubernetesPools`): a tenant chooses ranges and
-    /// `network_name`, and the node's credentials would create a pool for each.
-    fn refuse_past_pool_limit(&self, name: &str) -> Result<(), IpamError> {
-        let what = format!("list ippools {}", self.namespace);
-        let path = format!("{}?limit={}", self.path("ippools", None), self.max_pools);
-        let listed = self.api.send_accepting(&what, Method::GET, &path, JSON, ACCEPT_METADATA_LIST, None);
-        let list = match listed {
-            Ok(Reply::Ok(list)) => list,
-            Ok(_) => return Ok(()),
-            // Without the count the bound cannot hold: no pool is made (a clear refusal, not a retry).
-            Err(plexus_k8s::K8sError::Refused(e)) => {
-                return Err(IpamError::Refused(format!(
-                    "IPPool {name} not created: counting the namespace's IPPools (limits.kubernetesPools): {e}; the \
-                     node's RBAC needs \"list\" on ippools (conf-examples/deploy/rbac-ipam-kubernetes.yaml)"
-                )));
-            }
-            Err(e) => return Err(unavailable(e)),
-        };
-        let listed = list.get("items").and_then(Value::as_array).map_or(0, Vec::len);
-        let more = list.pointer("/metadata/continue").and_then(Value::as_str).is_some_and(|c| !c.is_empty());
-        if listed >= self.max_pools || more {
-            return Err(IpamError::Refused(format!(
-                "IPPool {name} not created: namespace {} holds {}{listed} IPPools, the node policy allows at most {} \
-                 (limits.kubernetesPools)",
-                self.namespace,
-                if more { "more than " } else { "" },
-                self.max_pools
-            )));
-        }
-        Ok(())
-    }
-
-    /// Apply `ops` to the pool; `false` when a `test` failed (or the pool is gone). Every write
-    /// also clears the pool's `managedFields` (Kubernetes' documented reset: a list of one empty
-    /// entry): the API server's field set of an object written by plain patches lists every
-    /// entry, so on a 1,000-entry pool it was 45% of the object, decoded, rebuilt and stored
-    /// again on each write. Nothing reads it (pools are never server-side applied). The answer
-    /// is the pool's metadata only: nothing here reads the rest.
-    fn patch_pool(&self, pool: &str, ops: &[Value]) -> Result<bool, IpamError> {
-        let what = format!("patch ippool {}/{pool}", self.namespace);
-        let mut ops = ops.to_vec();
-        ops.push(json!({"op": "add", "path": "/metadata/managedFields", "value": [{}]}));
-        match self
-            .api
-            .send_accepting(
-                &what,
-                Method::PATCH,
-                &self.path("ippools", Some(pool)),
-                JSON_PATCH,
-                ACCEPT_METADATA,
-                Some(&Value::Array(ops)),
-            )
-            .map_err(unavailable)?
-        {
-            Reply::Ok(_) => Ok(true),
-            Reply::Conflict(_) | Reply::NotFound => Ok(false),
-        }
-    }
-
-    /// Remove `owner`'s entry at `offset` (it got it, but cannot keep it).
-    fn give_back(&self, pool: &str, offset: u128, owner: &Owner) -> Result<(), IpamError> {
-        self.patch_pool(pool, &removal(offset, &owner.container_id)).map(|_| ())
-    }
-
-    /// Create the address's OverlappingRangeIPReservation; `false` when another attachment
-    /// holds it (an overlapping range gave it out).
-    fn reserve(&self, ip: IpAddr, owner: &Owner) -> Result<bool, IpamError> {
-        let name = reservation_name(self.network_name.as_deref(), ip);
-        let obj = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {"containerid": owner.container_id, "podref": owner.pod_ref.clone().unwrap_or_default(), "ifname": owner.ifname}});
-        let what = format!("create overlappingrangeipreservation {}/{name}", self.namespace);
-        match self
-            .api
-            .send(&what, Method::POST, &self.path("overlappingrangeipreservations", None), JSON, Some(&obj))
-            .map_err(unavailable)?
-        {
-            Reply::Ok(_) => Ok(true),
-            Reply::Conflict(_) => {
-                // Ours already (a retried ADD)?
-                let what = format!("get overlappingrangeipreservation {}/{name}", self.namespace);
-                match self
-                    .api
-                    .send(&what, Method::GET, &self.path("overlappingrangeipreservations", Some(&name)), JSON, None)
-                    .map_err(unavailable)?
-                {
-                    Reply::Ok(r) => Ok(r.pointer("/spec/containerid").and_then(Value::as_str)
-                        == Some(&owner.container_id)
-                        && r.pointer("/spec/ifname").and_then(Value::as_str) == Some(&owner.ifname)),
-                    _ => Ok(false),
-                }
-            }
-            Reply::NotFound => Err(unavailable("the OverlappingRangeIPReservation resource is not installed")),
-        }
-    }
-
-    /// The address's reservation passed from the pod's old container to `owner` (created when
-    /// it is missing), so the new container's DEL removes it.
-    fn reown(&self, ip: IpAddr, old_container: &str, owner: &Owner) -> Result<(), IpamError> {
-        let name = reservation_name(self.network_name.as_deref(), ip);
-        let path = self.path("overlappingrangeipreservations", Some(&name));
-        let what = format!("overlappingrangeipreservation {}/{name}", self.namespace);
-        match self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
-            Reply::Ok(r)
-                if reserved_for(&r, old_container, owner.pod_ref.as_deref().unwrap_or_default(), &owner.ifname) =>
-            {
-                let ops = json!([{"op": "add", "path": "/spec/containerid", "value": owner.container_id}]);
-                self.api.send(&what, Method::PATCH, &path, JSON_PATCH, Some(&ops)).map_err(unavailable)?;
-                Ok(())
-            }
-            Reply::Ok(_) => Ok(()),
-            _ => self.reserve(ip, owner).map(|_| ()),
-        }
-    }
-
-    /// Delete the address's OverlappingRangeIPReservation if the released allocation `a` holds it.
-    fn unreserve(&self, a: &Allocation) -> Result<(), IpamError> {
-        let name = reservation_name(self.network_name.as_deref(), a.ip);
-        let path = self.path("overlappingrangeipreservations", Some(&name));
-        let what = format!("overlappingrangeipreservation {}/{name}", self.namespace);
-        let Reply::Ok(r) = self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? else {
-            return Ok(());
-        };
-        if !reserved_for(&r, &a.owner.container_id, a.owner.pod_ref.as_deref().unwrap_or_default(), &a.owner.ifname) {
-            return Ok(());
-        }
-        let rv = r.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
-        let opts = json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": rv}});
-        self.api.send(&what, Method::DELETE, &path, JSON, Some(&opts)).map_err(unavailable)?;
-        Ok(())
     }
 
     /// Take one address of `range` for `req.owner` (or keep the one it holds).
@@ -453,99 +292,6 @@ impl KubernetesStore {
         Ok(released)
     }
 
-    /// Commit [`plan_batch`] for `requests`, reading the pool again (from etcd) whenever another
-    /// writer changed it in between (a failed `test`); each request's answer. The first read is
-    /// the watch cache's: the patch `test`s every answer, so a stale read fails it instead of
-    /// handing out what it shows; what no `test` can check is believed only from etcd.
-    fn commit_batch(
-        &self,
-        range: &IpRange,
-        requests: &[Request<'_>],
-        deadline: Instant,
-    ) -> Result<Vec<Answer>, IpamError> {
-        let mut read = Read::Cached;
-        // A pool is created for an ADD only: a batch of DELs on a missing pool releases nothing.
-        let create = requests.iter().any(|(k, _)| *k == Kind::Add);
-        loop {
-            not_past(deadline, range)?;
-            let Some(pool) = self.pool(range, read, create)? else {
-                return Ok(requests.iter().map(|_| Answer::Released { offsets: Vec::new() }).collect());
-            };
-            let plan = plan_batch(&pool, range, requests);
-            if !(plan.unguarded && read == Read::Cached)
-                && (plan.ops.is_empty() || self.patch_pool(&pool.name, &plan.ops)?)
-            {
-                return Ok(plan.answers);
-            }
-            read = Read::Latest;
-        }
-    }
-
-    /// This node's spool for `range`'s pool, and `owner`'s request of `kind` in it; `None`
-    /// (after saying why) when the request is to go without it.
-    fn enqueue(&self, range: &IpRange, kind: Kind, owner: &Owner) -> Option<(Spool, Ticket)> {
-        let dir = self.node_lock.parent()?;
-        let pool = pool_name(self.network_name.as_deref(), range);
-        let spool = Spool::open(dir, &self.namespace, &pool, &format!("{range:?}"));
-        match spool.and_then(|s| s.enqueue(kind, owner).map(|t| t.map(|t| (s, t)))) {
-            Ok(queued) => queued,
-            Err(e) => {
-                tracing::warn!("spool of ippool {pool} in {}: {e}: going alone", dir.display());
-                None
-            }
-        }
-    }
-
-    /// `owner`'s request of `kind` on `range`'s pool, served by whoever has the node's turn
-    /// (maybe this process) together with every other request waiting; `None` when the spool
-    /// cannot take it (the caller goes alone).
-    fn through_spool(
-        &self,
-        range: &IpRange,
-        kind: Kind,
-        owner: &Owner,
-        deadline: Instant,
-    ) -> Option<Result<Answer, IpamError>> {
-        let (spool, ticket) = self.enqueue(range, kind, owner)?;
-        // The answer a leader leaves, or the turn to be the leader: whichever comes first. A
-        // served request goes on without waiting for the turn (behind the next leader's write).
-        let served = || -> Result<Answer, IpamError> {
-            let mut pause = ANSWER_POLL;
-            loop {
-                if let Some(answer) = ticket.answer() {
-                    return Ok(answer);
-                }
-                let Some(_turn) = self.turn(None)? else {
-                    not_past(deadline, range)?;
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(ANSWER_POLL_MAX);
-                    continue;
-                };
-                if let Some(answer) = ticket.answer() {
-                    return Ok(answer);
-                }
-                let waiting = spool.waiting(&ticket).unwrap_or_else(|e| {
-                    tracing::warn!("spool of range {}: {e}: serving this request alone", range.network);
-                    Vec::new()
-                });
-                let requests: Vec<Request<'_>> =
-                    std::iter::once((kind, owner)).chain(waiting.iter().map(|w| (w.kind, &w.owner))).collect();
-                let answers = self.commit_batch(range, &requests, deadline)?;
-                if !waiting.is_empty() {
-                    tracing::debug!(served = waiting.len(), range = %range.network, "one write for the requests waiting");
-                }
-                for (w, a) in waiting.iter().zip(&answers[1..]) {
-                    if let Err(e) = spool.answer(w, a) {
-                        // It is served again when its turn comes (every plan is idempotent).
-                        tracing::warn!("answer for {}: {e}", w.owner.container_id);
-                    }
-                }
-                return Ok(answers[0].clone());
-            }
-        };
-        Some(served())
-    }
-
     /// One address of `range` for `req.owner`: through the spool, then the owner's reservation
     /// outside the turn. A requested address, whereabouts' Lease, or a reservation an
     /// overlapping range holds take the one-at-a-time way.
@@ -598,77 +344,6 @@ impl KubernetesStore {
                 network: self.network.clone(),
             },
         }
-    }
-
-    /// `step` again while the API is unavailable (a timeout under load, a restart), until the
-    /// deadline; every step is idempotent (it reads what it finds first).
-    fn retrying<T>(&self, deadline: Instant, mut step: impl FnMut() -> Result<T, IpamError>) -> Result<T, IpamError> {
-        let mut pause = Duration::from_millis(50 + u64::from(std::process::id() % 50));
-        loop {
-            match step() {
-                Err(IpamError::Unavailable(m)) if Instant::now() + pause < deadline => {
-                    tracing::info!("{m}: again in {pause:?}");
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// This node's turn (a file lock in the policy's data root: the node's writers one at a time,
-    /// other nodes' concurrently), held until the file drops; waited for until `wait` (code 11
-    /// then), or with `None` given up at once when another writer has it.
-    fn turn(&self, wait: Option<Instant>) -> Result<Option<std::fs::File>, IpamError> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        if let Some(dir) = self.node_lock.parent().filter(|d| !d.exists()) {
-            let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
-        }
-        let open = |write: bool| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(write)
-                .create(write)
-                .mode(0o600)
-                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-                .open(&self.node_lock)
-        };
-        let failed = |e: std::io::Error| IpamError::Store(format!("node lock {}: {e}", self.node_lock.display()));
-        // A read-only root still takes a lock on a file opened for reading (DEL must work).
-        let file = open(true)
-            .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
-            .map_err(failed)?;
-        if let Some(until) = wait {
-            return match plexus_cni::deadline::lock_until(&file, until.into()).map_err(failed)? {
-                true => Ok(Some(file)),
-                false => Err(unavailable(format!(
-                    "this node's turn ({}) is still taken at this request's deadline",
-                    self.node_lock.display()
-                ))),
-            };
-        }
-        match file.try_lock() {
-            Ok(()) => Ok(Some(file)),
-            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-            Err(std::fs::TryLockError::Error(e)) => Err(failed(e)),
-        }
-    }
-
-    /// Run `f` with this node's turn and, when the network asks for it, whereabouts' Lease.
-    fn locked<T>(
-        &self,
-        owner: &str,
-        deadline: Instant,
-        f: impl FnOnce() -> Result<T, IpamError>,
-    ) -> Result<T, IpamError> {
-        let _turn = self.turn(Some(deadline))?;
-        if !self.leader_election {
-            return f();
-        }
-        let lease = super::lease::Lease::acquire(&self.api, &self.namespace, owner, deadline)?;
-        let out = f();
-        lease.release(&self.api);
-        out
     }
 }
 

@@ -1,0 +1,184 @@
+//! The node's writers taking turns: the node's lock (a file in the policy's data root) and, when
+//! the network asks for it, whereabouts' Lease; the spool, through which whoever has the turn
+//! commits every waiting request in one write ([`KubernetesStore::commit_batch`]); and the
+//! retries of a step while the API is unavailable.
+
+use std::time::{Duration, Instant};
+
+use super::{ANSWER_POLL, ANSWER_POLL_MAX, KubernetesStore, Read, not_past, unavailable};
+use crate::error::IpamError;
+use crate::range::IpRange;
+use crate::store::Owner;
+use crate::store::kubernetes::batch::{Request, plan_batch};
+use crate::store::kubernetes::names::pool_name;
+use crate::store::kubernetes::spool::{Answer, Kind, Spool, Ticket};
+
+impl KubernetesStore {
+    /// Commit [`plan_batch`] for `requests`, reading the pool again (from etcd) whenever another
+    /// writer changed it in between (a failed `test`); each request's answer. The first read is
+    /// the watch cache's: the patch `test`s every answer, so a stale read fails it instead of
+    /// handing out what it shows; what no `test` can check is believed only from etcd.
+    pub(super) fn commit_batch(
+        &self,
+        range: &IpRange,
+        requests: &[Request<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Answer>, IpamError> {
+        let mut read = Read::Cached;
+        // A pool is created for an ADD only: a batch of DELs on a missing pool releases nothing.
+        let create = requests.iter().any(|(k, _)| *k == Kind::Add);
+        loop {
+            not_past(deadline, range)?;
+            let Some(pool) = self.pool(range, read, create)? else {
+                return Ok(requests.iter().map(|_| Answer::Released { offsets: Vec::new() }).collect());
+            };
+            let plan = plan_batch(&pool, range, requests);
+            if !(plan.unguarded && read == Read::Cached)
+                && (plan.ops.is_empty() || self.patch_pool(&pool.name, &plan.ops)?)
+            {
+                return Ok(plan.answers);
+            }
+            read = Read::Latest;
+        }
+    }
+
+    /// This node's spool for `range`'s pool, and `owner`'s request of `kind` in it; `None`
+    /// (after saying why) when the request is to go without it.
+    pub(super) fn enqueue(&self, range: &IpRange, kind: Kind, owner: &Owner) -> Option<(Spool, Ticket)> {
+        let dir = self.node_lock.parent()?;
+        let pool = pool_name(self.network_name.as_deref(), range);
+        let spool = Spool::open(dir, &self.namespace, &pool, &format!("{range:?}"));
+        match spool.and_then(|s| s.enqueue(kind, owner).map(|t| t.map(|t| (s, t)))) {
+            Ok(queued) => queued,
+            Err(e) => {
+                tracing::warn!("spool of ippool {pool} in {}: {e}: going alone", dir.display());
+                None
+            }
+        }
+    }
+
+    /// `owner`'s request of `kind` on `range`'s pool, served by whoever has the node's turn
+    /// (maybe this process) together with every other request waiting; `None` when the spool
+    /// cannot take it (the caller goes alone).
+    pub(super) fn through_spool(
+        &self,
+        range: &IpRange,
+        kind: Kind,
+        owner: &Owner,
+        deadline: Instant,
+    ) -> Option<Result<Answer, IpamError>> {
+        let (spool, ticket) = self.enqueue(range, kind, owner)?;
+        // The answer a leader leaves, or the turn to be the leader: whichever comes first. A
+        // served request goes on without waiting for the turn (behind the next leader's write).
+        let served = || -> Result<Answer, IpamError> {
+            let mut pause = ANSWER_POLL;
+            loop {
+                if let Some(answer) = ticket.answer() {
+                    return Ok(answer);
+                }
+                let Some(_turn) = self.turn(None)? else {
+                    not_past(deadline, range)?;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(ANSWER_POLL_MAX);
+                    continue;
+                };
+                if let Some(answer) = ticket.answer() {
+                    return Ok(answer);
+                }
+                let waiting = spool.waiting(&ticket).unwrap_or_else(|e| {
+                    tracing::warn!("spool of range {}: {e}: serving this request alone", range.network);
+                    Vec::new()
+                });
+                let requests: Vec<Request<'_>> =
+                    std::iter::once((kind, owner)).chain(waiting.iter().map(|w| (w.kind, &w.owner))).collect();
+                let answers = self.commit_batch(range, &requests, deadline)?;
+                if !waiting.is_empty() {
+                    tracing::debug!(served = waiting.len(), range = %range.network, "one write for the requests waiting");
+                }
+                for (w, a) in waiting.iter().zip(&answers[1..]) {
+                    if let Err(e) = spool.answer(w, a) {
+                        // It is served again when its turn comes (every plan is idempotent).
+                        tracing::warn!("answer for {}: {e}", w.owner.container_id);
+                    }
+                }
+                return Ok(answers[0].clone());
+            }
+        };
+        Some(served())
+    }
+
+    /// `step` again while the API is unavailable (a timeout under load, a restart), until the
+    /// deadline; every step is idempotent (it reads what it finds first).
+    pub(super) fn retrying<T>(
+        &self,
+        deadline: Instant,
+        mut step: impl FnMut() -> Result<T, IpamError>,
+    ) -> Result<T, IpamError> {
+        let mut pause = Duration::from_millis(50 + u64::from(std::process::id() % 50));
+        loop {
+            match step() {
+                Err(IpamError::Unavailable(m)) if Instant::now() + pause < deadline => {
+                    tracing::info!("{m}: again in {pause:?}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// This node's turn (a file lock in the policy's data root: the node's writers one at a time,
+    /// other nodes' concurrently), held until the file drops; waited for until `wait` (code 11
+    /// then), or with `None` given up at once when another writer has it.
+    pub(super) fn turn(&self, wait: Option<Instant>) -> Result<Option<std::fs::File>, IpamError> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        if let Some(dir) = self.node_lock.parent().filter(|d| !d.exists()) {
+            let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+        }
+        let open = |write: bool| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .create(write)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+                .open(&self.node_lock)
+        };
+        let failed = |e: std::io::Error| IpamError::Store(format!("node lock {}: {e}", self.node_lock.display()));
+        // A read-only root still takes a lock on a file opened for reading (DEL must work).
+        let file = open(true)
+            .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
+            .map_err(failed)?;
+        if let Some(until) = wait {
+            return match plexus_cni::deadline::lock_until(&file, until.into()).map_err(failed)? {
+                true => Ok(Some(file)),
+                false => Err(unavailable(format!(
+                    "this node's turn ({}) is still taken at this request's deadline",
+                    self.node_lock.display()
+                ))),
+            };
+        }
+        match file.try_lock() {
+            Ok(()) => Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(failed(e)),
+        }
+    }
+
+    /// Run `f` with this node's turn and, when the network asks for it, whereabouts' Lease.
+    pub(super) fn locked<T>(
+        &self,
+        owner: &str,
+        deadline: Instant,
+        f: impl FnOnce() -> Result<T, IpamError>,
+    ) -> Result<T, IpamError> {
+        let _turn = self.turn(Some(deadline))?;
+        if !self.leader_election {
+            return f();
+        }
+        let lease = crate::store::kubernetes::lease::Lease::acquire(&self.api, &self.namespace, owner, deadline)?;
+        let out = f();
+        lease.release(&self.api);
+        out
+    }
+}

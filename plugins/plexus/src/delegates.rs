@@ -1,0 +1,82 @@
+//! How the meta-plugin runs an attachment's delegate: the seam between the meta-plugin's steps
+//! (order, parallel groups, cache, rollback) and the delegates themselves. [`Chains`] runs an
+//! attachment's chain of plugins (`plexus_cni::chain`: each plugin exec'd, or run in-process when
+//! plexus-daemon carries it) and tells an [`Observer`] how each call went; the unit tests
+//! (`tests.rs`) put a recording fake in its place, so the steps are tested without root.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plexus_cni::{CniEnv, CniResult, Command, Error};
+use serde_json::Value;
+
+use crate::attachment::Attachment;
+
+/// Runs an attachment's delegate.
+pub(crate) trait Delegates: Send + Sync {
+    /// ADD: the final result, and as the delegate printed it (for the cache).
+    fn add(&self, a: &Attachment, env: &CniEnv) -> Result<(CniResult, Value), Error>;
+    fn del(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error>;
+    fn check(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error>;
+}
+
+/// Told of every delegate call (the daemon's metrics).
+pub trait Observer: Send + Sync {
+    /// `command` on `network` (whose first plugin is `delegate_type`) took `took`; `code` is the
+    /// CNI error code when it failed.
+    fn delegate(&self, command: Command, network: &str, delegate_type: &str, took: Duration, code: Option<u32>);
+}
+
+/// The delegate type an observer is told for a type that names no installed plugin.
+pub const UNKNOWN_TYPE: &str = "(not installed)";
+
+/// The delegates as they are: each attachment's chain of plugins, observed when an observer is
+/// given.
+#[derive(Default)]
+pub(crate) struct Chains {
+    pub observer: Option<Arc<dyn Observer>>,
+}
+
+impl Chains {
+    /// Run one delegate verb, telling the observer how long it took and how it ended.
+    fn observed<T>(
+        &self,
+        command: Command,
+        a: &Attachment,
+        env: &CniEnv,
+        call: impl FnOnce() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let Some(obs) = &self.observer else { return call() };
+        let start = Instant::now();
+        let out = call();
+        let code = out.as_ref().err().map(|e| e.code);
+        obs.delegate(command, &a.network, &observed_type(a, env), start.elapsed(), code);
+        out
+    }
+}
+
+impl Delegates for Chains {
+    fn add(&self, a: &Attachment, env: &CniEnv) -> Result<(CniResult, Value), Error> {
+        self.observed(Command::Add, a, env, || a.add(env))
+    }
+
+    fn del(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error> {
+        self.observed(Command::Del, a, env, || a.del(env))
+    }
+
+    fn check(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error> {
+        self.observed(Command::Check, a, env, || a.check(env))
+    }
+}
+
+/// The delegate type an observer is told: the attachment's first plugin when it is a plugin
+/// installed where delegates are found (the admin's `binDir` and `CNI_PATH`), else
+/// [`UNKNOWN_TYPE`] — a NAD's `type` is any string a tenant writes, and a metric label per string
+/// would grow without bound.
+fn observed_type(a: &Attachment, env: &CniEnv) -> String {
+    let t = a.delegate_type();
+    match plexus_cni::delegate::find_plugin(&t, &env.path) {
+        Ok(_) => t,
+        Err(_) => UNKNOWN_TYPE.into(),
+    }
+}

@@ -1,0 +1,233 @@
+//! Unit tests of the meta-plugin's steps, without root: the order attachments run in, parallel
+//! groups, the rollback of a failed ADD and DEL past failures, on a recording fake in place of
+//! the delegates (the [`Delegates`] seam); and the request's log in a group's threads.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use plexus_cni::undo::Undo;
+use plexus_cni::{CniEnv, CniResult, Command, Error, Policy};
+use serde_json::{Value, json};
+
+use super::{Step, attach_all, delete_all, roll_back};
+use crate::attachment::Attachment;
+use crate::cache::{self, Cache};
+use crate::delegates::Delegates;
+use crate::plan::Pod;
+
+/// Delegates that record each call, refuse the networks named, and, with `together` > 1, hold
+/// each secondary ADD until that many run at once (for 2 s at most): the proof that a group runs
+/// concurrently, which calls one after another would never give.
+#[derive(Default)]
+struct Fake {
+    calls: Mutex<Vec<(Command, String)>>,
+    refuse_add: Vec<&'static str>,
+    refuse_del: Vec<(&'static str, u32)>,
+    together: usize,
+    running: Mutex<usize>,
+    changed: Condvar,
+    most_at_once: AtomicUsize,
+}
+
+impl Fake {
+    fn calls(&self, command: Command) -> Vec<String> {
+        self.calls.lock().unwrap().iter().filter(|(c, _)| *c == command).map(|(_, n)| n.clone()).collect()
+    }
+}
+
+impl Delegates for Fake {
+    fn add(&self, a: &Attachment, _: &CniEnv) -> Result<(CniResult, Value), Error> {
+        self.calls.lock().unwrap().push((Command::Add, a.network.clone()));
+        let mut running = self.running.lock().unwrap();
+        *running += 1;
+        self.most_at_once.fetch_max(*running, Ordering::SeqCst);
+        self.changed.notify_all();
+        if self.together > 1 && !a.cluster_network {
+            running =
+                self.changed.wait_timeout_while(running, Duration::from_secs(2), |n| *n < self.together).unwrap().0;
+        }
+        *running -= 1;
+        drop(running);
+        if self.refuse_add.contains(&a.network.as_str()) {
+            return Err(Error::new(plexus_cni::code::INVALID_NETWORK_CONFIG, format!("{} refused", a.network)));
+        }
+        let raw = json!({"cniVersion": "1.0.0", "interfaces": [{"name": a.ifname}]});
+        Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
+    }
+
+    fn del(&self, a: &Attachment, _: &CniEnv) -> Result<(), Error> {
+        self.calls.lock().unwrap().push((Command::Del, a.network.clone()));
+        match self.refuse_del.iter().find(|(n, _)| *n == a.network) {
+            Some((n, code)) => Err(Error::new(*code, format!("{n} is stuck"))),
+            None => Ok(()),
+        }
+    }
+
+    fn check(&self, a: &Attachment, _: &CniEnv) -> Result<(), Error> {
+        self.calls.lock().unwrap().push((Command::Check, a.network.clone()));
+        Ok(())
+    }
+}
+
+/// The cluster network on eth0, then `rail0`.. on net1.. .
+fn attachments(rails: usize) -> Vec<Attachment> {
+    let one = |network: String, ifname: String, cluster: bool| {
+        serde_json::from_value(json!({"network": network, "ifname": ifname, "master": cluster,
+            "conf": {"cniVersion": "1.0.0", "name": network, "type": "fake"}}))
+        .unwrap()
+    };
+    let mut all = vec![one("cluster".into(), "eth0".into(), true)];
+    all.extend((0..rails).map(|i| one(format!("rail{i}"), format!("net{}", i + 1), false)));
+    all
+}
+
+fn env() -> CniEnv {
+    let vars = [
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "c1"),
+        ("CNI_NETNS", "/run/netns/plexus-none"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/nonexistent"),
+    ];
+    plexus_cni::testing::request(
+        &vars,
+        &json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus"}),
+        Policy::default(),
+    )
+    .env
+}
+
+/// Meta::add's steps around the delegates: the cache written, its removal and each group
+/// pushed on the undo list, the groups attached, and a failure rolled back.
+fn add(fake: &Fake, rails: usize, parallel: bool, dir: &std::path::Path) -> (Result<Vec<CniResult>, Error>, Cache) {
+    let cache_path = dir.join("c1");
+    let mut state = Cache {
+        version: cache::CACHE_VERSION,
+        container_id: "c1".into(),
+        netns: None,
+        pod_ref: None,
+        attachments: attachments(rails),
+    };
+    cache::save(&cache_path, &state).unwrap();
+    let mut undo = Undo::new();
+    undo.push(Step::Cache(cache_path.clone()));
+    let env = env();
+    let out = match attach_all(&mut state, parallel, &Pod::default(), &env, &cache_path, &mut undo, fake) {
+        Ok(results) => {
+            undo.commit();
+            Ok(results)
+        }
+        Err(e) => Err(roll_back(undo, e, &state.attachments, &env, &Policy::default(), fake)),
+    };
+    (out, state)
+}
+
+#[test]
+fn one_at_a_time_the_attachments_are_added_in_annotation_order_and_each_result_is_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let (results, _) = add(&fake, 3, false, dir.path());
+    let results = results.unwrap();
+    assert_eq!(fake.calls(Command::Add), ["cluster", "rail0", "rail1", "rail2"]);
+    assert_eq!(fake.most_at_once.load(Ordering::SeqCst), 1);
+    let names: Vec<_> = results.iter().map(|r| r.interfaces[0].name.clone()).collect();
+    assert_eq!(names, ["eth0", "net1", "net2", "net3"]);
+    let cached = cache::load(&dir.path().join("c1")).unwrap().unwrap();
+    assert!(cached.attachments.iter().all(|a| a.result.is_some()), "{:?}", cached.attachments);
+}
+
+#[test]
+fn in_parallel_the_cluster_network_goes_first_then_every_other_attachment_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake { together: 4, ..Fake::default() };
+    let (results, _) = add(&fake, 4, true, dir.path());
+    let names: Vec<_> = results.unwrap().iter().map(|r| r.interfaces[0].name.clone()).collect();
+    assert_eq!(names, ["eth0", "net1", "net2", "net3", "net4"], "results in annotation order");
+    assert_eq!(fake.calls(Command::Add)[0], "cluster");
+    assert_eq!(fake.most_at_once.load(Ordering::SeqCst), 4, "the four rails at once");
+}
+
+#[test]
+fn a_failed_add_dels_what_was_sent_an_add_last_first_the_failed_one_too_and_removes_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake { refuse_add: vec!["rail1"], ..Fake::default() };
+    let (out, _) = add(&fake, 3, false, dir.path());
+    let e = out.unwrap_err();
+    assert_eq!(e.code, plexus_cni::code::INVALID_NETWORK_CONFIG, "{e}");
+    assert!(e.msg.contains("rail1 refused"), "{e}");
+    assert_eq!(fake.calls(Command::Add), ["cluster", "rail0", "rail1"], "rail2 never ran");
+    assert_eq!(fake.calls(Command::Del), ["rail1", "rail0", "cluster"]);
+    assert!(!dir.path().join("c1").exists(), "the cache file is gone");
+}
+
+#[test]
+fn a_failed_add_in_a_parallel_group_dels_the_whole_group_then_the_cluster_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake { refuse_add: vec!["rail2"], ..Fake::default() };
+    let (out, _) = add(&fake, 4, true, dir.path());
+    assert!(out.unwrap_err().msg.contains("rail2 refused"));
+    let mut dels = fake.calls(Command::Del);
+    assert_eq!(dels.pop().as_deref(), Some("cluster"), "the cluster network last: {dels:?}");
+    dels.sort();
+    assert_eq!(dels, ["rail0", "rail1", "rail2", "rail3"], "the rails that succeeded too");
+}
+
+#[test]
+fn a_rollback_that_cannot_del_says_so_beside_the_adds_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake { refuse_add: vec!["rail1"], refuse_del: vec![("rail0", 11)], ..Fake::default() };
+    let e = add(&fake, 2, false, dir.path()).0.unwrap_err();
+    assert!(e.msg.contains("rail1 refused"), "the ADD's error stays the error: {e}");
+    let text = format!("{e} {}", e.details);
+    assert!(text.contains("rail0 is stuck"), "{text}");
+    assert_eq!(fake.calls(Command::Del), ["rail1", "rail0", "cluster"], "kept going past the failure");
+}
+
+#[test]
+fn del_walks_the_groups_in_reverse_past_failures_keeping_each_attachments_code() {
+    let fake = Fake { refuse_del: vec![("rail0", 11), ("rail2", 7)], ..Fake::default() };
+    let all = attachments(3);
+    let failed: Vec<(String, Error)> = delete_all(&all, &env(), &Policy::default(), false, &fake).into_iter().collect();
+    assert_eq!(fake.calls(Command::Del), ["rail2", "rail1", "rail0", "cluster"]);
+    let got: Vec<(&str, u32)> = failed.iter().map(|(what, e)| (what.as_str(), e.code)).collect();
+    assert_eq!(got, [("network rail2 (net3)", 7), ("network rail0 (net1)", 11)]);
+}
+
+/// A log that keeps what is written to it.
+#[derive(Clone, Default)]
+struct Kept(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Kept {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn what_a_groups_threads_log_reaches_the_requests_log_in_its_span() {
+    let kept = Kept::default();
+    let log = kept.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || log.clone()).with_ansi(false).finish();
+    // The request's log is this thread's subscriber, as the plugin entry point sets it.
+    let _request = tracing::subscriber::set_default(subscriber);
+    let span = tracing::info_span!("cni", container = "c1");
+    let _in = span.enter();
+    let answers = super::run_group(&[0, 1, 2, 3], |i| {
+        tracing::info!("attaching rail {i}");
+        i * 10
+    });
+    assert_eq!(answers, [0, 10, 20, 30]);
+    let text = String::from_utf8(kept.0.lock().unwrap().clone()).unwrap();
+    for i in 0..4 {
+        assert!(
+            text.lines().any(|l| l.contains(&format!("attaching rail {i}")) && l.contains("container=\"c1\"")),
+            "rail {i} missing:\n{text}"
+        );
+    }
+}
