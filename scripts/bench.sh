@@ -196,8 +196,8 @@ if want etcd; then
 echo "== ipam: etcd store, 1000 allocations, 16 clients, 4 simulated nodes"
 etcd_dir=$work/etcd
 rm -rf "$etcd_dir"
-cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cport=$(python3 scripts/bench/benchtool.py free-port)
+pport=$(python3 scripts/bench/benchtool.py free-port)
 ip netns exec "$node" etcd --name bench --data-dir "$etcd_dir" --log-level error \
   --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
   --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \

@@ -60,10 +60,4 @@ pod_list=$(IFS=,; echo "${pods[*]}")
 ip netns exec "$node" python3 scripts/bench/soak.py --plugin "$BIN/plexus" --conf "$work/meta.json" \
   --pods "$pod_list" --cycles "$CYCLES" --state "$work/ipam,$work/cache" > "$work/soak.json"
 cat "$work/soak.json"
-python3 - "$work/soak.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-left = r["left"]
-bad = r["failures"] or left["node_links"] or left["pod_links"] or left["state_files"] or left["processes"]
-sys.exit(1 if bad else 0)
-PY
+python3 scripts/bench/benchtool.py soak-clean "$work/soak.json"

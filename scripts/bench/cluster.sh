@@ -40,11 +40,7 @@ gomod=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod
 multus_dir=$(cd tests/peers/multus && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
 wb_dir=$(cd tests/peers/whereabouts && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/whereabouts)
 rbac_of() { # the ServiceAccount, ClusterRole and ClusterRoleBinding documents of a manifest
-  python3 -c '
-import re, sys
-for doc in re.split(r"^---\s*$", open(sys.argv[1]).read(), flags=re.M):
-    if re.search(r"^kind: (ServiceAccount|ClusterRole|ClusterRoleBinding)\s*$", doc, re.M):
-        print("---"); print(doc.strip())' "$1"
+  python3 scripts/bench/benchtool.py rbac-docs "$1"
 }
 { rbac_of "$multus_dir/deployments/multus-daemonset.yml"; rbac_of "$wb_dir/doc/crds/daemonset-install.yaml"; } | k apply -f - > /dev/null
 for sa in multus whereabouts; do
@@ -136,9 +132,7 @@ EOF
 
 held() { # addresses the stack holds
   if [ "$1" = multus ]; then
-    k get ippools.whereabouts.cni.cncf.io -A -o json | python3 -c '
-import json, sys
-print(sum(len(p["spec"].get("allocations") or {}) for p in json.load(sys.stdin)["items"]))'
+    k get ippools.whereabouts.cni.cncf.io -A -o json | python3 scripts/bench/benchtool.py allocations
   else
     find "$PLEXUS_DATA_DIR/ipam" -path '*/ips/*' -type f 2> /dev/null | wc -l
   fi
@@ -172,11 +166,7 @@ check() {
   status=$(k get pod "check-$stack-1" -o jsonpath='{.metadata.annotations.k8s\.v1\.cni\.cncf\.io/network-status}')
   echo "$addrs" | grep -q "net1 .*inet 198.18.200." || { log "$stack: no net1 address: $addrs"; return 1; }
   echo "$addrs" | grep -q "net2 .*inet 198.18.201." || { log "$stack: no net2 address: $addrs"; return 1; }
-  python3 -c '
-import json, sys
-s = json.loads(sys.argv[1])
-assert [e["name"] for e in s[1:]] == ["default/" + sys.argv[2] + "-rail0", "default/" + sys.argv[2] + "-rail1"], s
-assert s[1]["ips"][0].startswith("198.18.200.") and s[2]["ips"][0].startswith("198.18.201."), s' "$status" "$p"
+  python3 scripts/bench/benchtool.py network-status "$status" "$p" || { log "$stack: network-status: $status"; return 1; }
   [ "$(held "$stack")" = 2 ] || { log "$stack: expected 2 addresses held"; return 1; }
   k delete pod -l "bench=check-$stack" --wait=true --timeout=120s > /dev/null
   wait_released "$stack"
@@ -207,7 +197,7 @@ run() {
   sed -n "$((a0 + 1)),${a1}p" "$state/log/audit.log" > "$out/cluster-$stack-$n-audit-add.log"
   sed -n "$((a1 + 1)),${a2}p" "$state/log/audit.log" > "$out/cluster-$stack-$n-audit-del.log"
   local wall
-  wall=$(python3 -c "print(round($t1 - $t0, 3))")
+  wall=$(python3 scripts/bench/benchtool.py elapsed "$t0" "$t1")
   echo "{\"stack\": \"$stack\", \"networks\": $n, \"pods\": $PODS, \"wall_s\": $wall}" > "$out/cluster-$stack-$n.json"
   log "$stack, $n networks: $PODS pods Ready in $wall s"
 }
@@ -246,17 +236,6 @@ if [ "${IPAM:-1}" = 1 ]; then
     sed -n "$((a0 + 1)),\$p" "$state/log/audit.log" > "$out/ipam-k8s-$who-audit.log"
     log "ipam $who: $(cat "$out/ipam-k8s-$who.json")"
   done
-  python3 - "$out" "${IPAM_COUNT:-1000}" > "$out/ipam-k8s.json" << 'PY'
-import json, sys
-out, n = sys.argv[1], int(sys.argv[2])
-res = {}
-for who in ("px", "wb"):
-    r = json.load(open(f"{out}/ipam-k8s-{who}.json"))
-    user = {"px": "plexus", "wb": "whereabouts"}[who]
-    reqs = sum(1 for l in open(f"{out}/ipam-k8s-{who}-audit.log") if json.loads(l)["user"]["username"].endswith(":" + user))
-    r["api_requests_per_allocation"] = round(reqs / n, 1)  # ADD and DEL together, per address
-    res[who] = r
-print(json.dumps(res))
-PY
+  python3 scripts/bench/benchtool.py ipam-k8s-summary "$out" "${IPAM_COUNT:-1000}" > "$out/ipam-k8s.json"
   cat "$out/ipam-k8s.json"
 fi

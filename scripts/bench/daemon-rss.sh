@@ -49,52 +49,10 @@ k apply -f deploy/helm/plexus/crds/network-attachment-definitions.yaml > /dev/nu
 "$PEERS_BIN/helm" template plexus deploy/helm/plexus -n kube-system --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml | k apply -f - > /dev/null
 gomod=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod
 multus_dir=$(cd tests/peers/multus && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
-python3 - "$multus_dir/deployments/multus-daemonset-thick.yml" << 'PY' | k apply -f - > /dev/null
-import re, sys
-for doc in re.split(r"^---\s*$", open(sys.argv[1]).read(), flags=re.M):
-    if re.search(r"^kind: (ServiceAccount|ClusterRole|ClusterRoleBinding)\s*$", doc, re.M):
-        print("---"); print(doc.strip())
-PY
+python3 scripts/bench/benchtool.py rbac-docs "$multus_dir/deployments/multus-daemonset-thick.yml" | k apply -f - > /dev/null
 
 log "creating $NADS NADs (configs padded to ${NAD_KIB} KiB) and $PODS pods ($LOCAL on bench-node)"
-python3 - "$work/objects" "$NADS" "$PODS" "$LOCAL" "$NAD_KIB" << 'PY'
-import json, os, sys
-d, nads, pods, local, pad_kib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-os.makedirs(d)
-docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"tenant-{i}"}} for i in range(10)]
-# Their default ServiceAccounts (the stopped controller-manager would have made them).
-docs += [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": f"tenant-{i}"}}
-         for i in range(10)]
-for i in range(nads):
-    conf = {"cniVersion": "1.0.0", "name": f"rail{i}", "type": "macvlan", "master": f"ens{i % 8 + 1}f0np0",
-            "mode": "bridge", "ipam": {"type": "whereabouts", "range": f"10.{i // 256 % 256}.{i % 256}.0/24"}}
-    if pad_kib:
-        conf["pad"] = "x" * (pad_kib * 1024 - len(json.dumps(conf)) - 10)
-    docs.append({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-                 "metadata": {"name": f"rail{i}", "namespace": f"tenant-{i % 10}",
-                              "annotations": {"k8s.v1.cni.cncf.io/resourceName": "nvidia.com/rdma_shared_device_a"}},
-                 "spec": {"config": json.dumps(conf)}})
-for i in range(pods):
-    node = "bench-node" if i < local else f"node-{i % 49}"
-    ns = f"tenant-{i % 10}"
-    nets = ",".join(f"rail{(i + r) % nads}" for r in range(0, 80, 10))
-    docs.append({"apiVersion": "v1", "kind": "Pod",
-                 "metadata": {"name": f"trainer-{i}", "namespace": ns,
-                              "labels": {"app": "trainer", "job": f"job-{i // 8}", "rank": str(i % 8)},
-                              "annotations": {"k8s.v1.cni.cncf.io/networks": nets}},
-                 "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
-                          "containers": [{"name": "trainer", "image": "registry.example/trainer:1.0",
-                                          "command": ["python", "train.py", "--rank", str(i % 8)],
-                                          "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
-                                          "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
-# The namespaces and their ServiceAccounts first, in a file of their own (created before the rest).
-with open(os.path.join(d, "00000.json"), "w") as f:
-    json.dump({"apiVersion": "v1", "kind": "List", "items": docs[:20]}, f)
-per_file = 4 if pad_kib else 1000
-for n in range(20, len(docs), per_file):
-    with open(os.path.join(d, f"{1 + (n - 20) // per_file:05}.json"), "w") as f:
-        json.dump({"apiVersion": "v1", "kind": "List", "items": docs[n:n + per_file]}, f)
-PY
+python3 scripts/bench/benchtool.py fleet "$work/objects" "$NADS" "$PODS" "$LOCAL" "$NAD_KIB"
 k create -f "$(ls "$work/objects"/*.json | head -1)" > /dev/null
 ls "$work/objects" | tail -n +2 | xargs -P 4 -I{} sh -c "ip netns exec '$NODE_NETNS' '$PEERS_BIN/kubectl' --kubeconfig '$KUBECONFIG' create -f '$work/objects/{}' > /dev/null"
 log "created: $(k get network-attachment-definitions -A --no-headers | wc -l) NADs, $(k get pods -A --no-headers | wc -l) pods"

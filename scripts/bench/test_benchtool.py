@@ -1,0 +1,169 @@
+"""Tests of benchtool.py (run by the test command: tests/tests/scripts.rs)."""
+import gzip
+import hashlib
+import io
+import json
+import os
+import socket
+import tarfile
+import tempfile
+import unittest
+
+import benchtool
+
+
+class RbacDocs(unittest.TestCase):
+    def test_keeps_the_account_and_its_cluster_roles_and_nothing_else(self):
+        stream = "\n---\n".join([
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: multus}",
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: multus}",
+            "kind: ClusterRole\nmetadata: {name: multus}",
+            "kind: ClusterRoleBinding\nmetadata: {name: multus}",
+            "kind: ConfigMap\ndata: {x: 'kind: ClusterRole'}",
+        ])
+        out = benchtool.rbac_docs(stream)
+        self.assertEqual(out.count("---"), 3)
+        self.assertNotIn("DaemonSet", out)
+        self.assertNotIn("ConfigMap", out)
+
+
+class Allocations(unittest.TestCase):
+    def test_counts_every_pools_allocations_and_a_pool_without_any(self):
+        pools = {"items": [{"spec": {"allocations": {"1": {}, "2": {}}}}, {"spec": {"allocations": None}},
+                           {"spec": {}}]}
+        self.assertEqual(benchtool.allocations(pools), 2)
+
+
+class NetworkStatus(unittest.TestCase):
+    def status(self, first, second):
+        return [{"name": "cbr0", "ips": ["10.1.0.5"]},
+                {"name": "default/px-rail0", "ips": [first]}, {"name": "default/px-rail1", "ips": [second]}]
+
+    def test_two_rails_in_order_with_their_addresses_pass(self):
+        benchtool.check_network_status(self.status("198.18.200.7", "198.18.201.7"), "px")
+
+    def test_rails_swapped_or_an_address_of_the_other_rail_fail(self):
+        swapped = self.status("198.18.200.7", "198.18.201.7")
+        swapped[1], swapped[2] = swapped[2], swapped[1]
+        with self.assertRaisesRegex(ValueError, "names"):
+            benchtool.check_network_status(swapped, "px")
+        with self.assertRaisesRegex(ValueError, "198.18.201.0/24"):
+            benchtool.check_network_status(self.status("198.18.200.7", "198.18.200.8"), "px")
+        with self.assertRaisesRegex(ValueError, "names"):
+            benchtool.check_network_status(self.status("198.18.200.7", "198.18.201.7"), "wb")
+
+
+class Small(unittest.TestCase):
+    def test_elapsed_is_in_seconds_to_the_millisecond(self):
+        self.assertEqual(benchtool.elapsed("1733400000.1000", "1733400002.5556"), 2.456)
+
+    def test_a_free_port_can_be_bound(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", benchtool.free_port()))
+
+    def test_a_soak_is_clean_only_without_failures_and_with_nothing_left(self):
+        clean = {"failures": 0, "left": {"node_links": [], "pod_links": [], "state_files": 0, "processes": []}}
+        self.assertTrue(benchtool.soak_clean(clean))
+        for key, value in [("node_links", ["macvlan0"]), ("state_files", 1), ("processes", [42])]:
+            dirty = json.loads(json.dumps(clean))
+            dirty["left"][key] = value
+            self.assertFalse(benchtool.soak_clean(dirty), key)
+        self.assertFalse(benchtool.soak_clean(dict(clean, failures=1)))
+
+
+class IpamSummary(unittest.TestCase):
+    def test_api_requests_per_allocation_count_only_the_stacks_own_user(self):
+        with tempfile.TemporaryDirectory() as d:
+            for who, user in (("px", "plexus"), ("wb", "whereabouts")):
+                with open(f"{d}/ipam-k8s-{who}.json", "w") as f:
+                    json.dump({"per_s": 10}, f)
+                with open(f"{d}/ipam-k8s-{who}-audit.log", "w") as f:
+                    for u in [user] * 5 + ["kubelet"] * 3:
+                        f.write(json.dumps({"user": {"username": f"system:serviceaccount:kube-system:{u}"}}) + "\n")
+            res = benchtool.ipam_k8s_summary(d, 2)
+        self.assertEqual(res["px"], {"per_s": 10, "api_requests_per_allocation": 2.5})
+        self.assertEqual(res["wb"]["api_requests_per_allocation"], 2.5)
+
+
+class Fleet(unittest.TestCase):
+    def test_namespaces_come_first_then_nads_and_pods_in_files_the_api_server_takes(self):
+        lists = benchtool.fleet(nads=30, pods=12, local=3, pad_kib=0)
+        self.assertEqual([o["kind"] for o in lists[0]["items"]], ["Namespace"] * 10 + ["ServiceAccount"] * 10)
+        objs = [o for lst in lists[1:] for o in lst["items"]]
+        self.assertEqual(sum(o["kind"] == "NetworkAttachmentDefinition" for o in objs), 30)
+        pods = [o for o in objs if o["kind"] == "Pod"]
+        self.assertEqual(len(pods), 12)
+        self.assertEqual(sum(p["spec"]["nodeName"] == "bench-node" for p in pods), 3)
+        nets = pods[0]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"].split(",")
+        self.assertEqual(len(nets), 8)
+
+    def test_padded_nads_are_the_size_asked_and_four_to_a_file(self):
+        lists = benchtool.fleet(nads=9, pods=0, local=0, pad_kib=16)
+        self.assertEqual([len(lst["items"]) for lst in lists[1:]], [4, 4, 1])
+        conf = lists[1]["items"][0]["spec"]["config"]
+        self.assertLessEqual(abs(len(conf) - 16 * 1024), 16)
+
+
+def write_blob(root, data):
+    digest = hashlib.sha256(data).hexdigest()
+    with open(f"{root}/blobs/sha256/{digest}", "wb") as f:
+        f.write(data)
+    return f"sha256:{digest}"
+
+
+def oci_archive(root, files_of, version="0.1.0", entrypoint=("/plexus/bin/plexusctl", "install")):
+    """An OCI layout like podman's: an index pointing at an image index of one image per arch."""
+    os.makedirs(f"{root}/blobs/sha256")
+    manifests = []
+    for arch, files in files_of.items():
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        layer = write_blob(root, gzip.compress(buf.getvalue()))
+        config = write_blob(root, json.dumps({"architecture": arch, "config": {
+            "Entrypoint": list(entrypoint),
+            "Labels": {"org.opencontainers.image.version": version, "org.opencontainers.image.revision": "abc"}}}).encode())
+        manifest = write_blob(root, json.dumps({"config": {"digest": config}, "layers": [{"digest": layer}]}).encode())
+        manifests.append({"digest": manifest, "platform": {"architecture": arch, "os": "linux"}})
+    index = write_blob(root, json.dumps({"manifests": manifests}).encode())
+    with open(f"{root}/index.json", "w") as f:
+        json.dump({"manifests": [{"digest": index}]}, f)
+
+
+def elf(machine):
+    return b"\x7fELF" + bytes(14) + machine.to_bytes(2, "little") + bytes(10)
+
+
+class ImageIndex(unittest.TestCase):
+    def shipped(self, arch):
+        return {f"./plexus/bin/{b}": elf(benchtool.ELF_MACHINE[arch]) for b in benchtool.SHIPPED}
+
+    def test_both_architectures_with_their_own_binaries_pass(self):
+        with tempfile.TemporaryDirectory() as d:
+            oci_archive(d, {"amd64": self.shipped("amd64"), "arm64": self.shipped("arm64")})
+            lines = benchtool.image_index(d, "0.1.0")
+        self.assertEqual(len(lines), 2)
+        self.assertIn("image linux/arm64: 6 static binaries", lines[1])
+
+    def test_a_shell_an_amd64_binary_in_the_arm64_image_or_a_wrong_version_fail(self):
+        cases = {
+            "no shell": {"amd64": dict(self.shipped("amd64"), **{"./bin/sh": elf(62)}), "arm64": self.shipped("arm64")},
+            "not an ELF binary of arm64": {"amd64": self.shipped("amd64"), "arm64": self.shipped("amd64")},
+            "platforms": {"amd64": self.shipped("amd64")},
+        }
+        for want, files_of in cases.items():
+            with tempfile.TemporaryDirectory() as d:
+                oci_archive(d, files_of)
+                with self.assertRaisesRegex(ValueError, want):
+                    benchtool.image_index(d, "0.1.0")
+        with tempfile.TemporaryDirectory() as d:
+            oci_archive(d, {"amd64": self.shipped("amd64"), "arm64": self.shipped("arm64")}, version="0.0.9")
+            with self.assertRaisesRegex(ValueError, "labels"):
+                benchtool.image_index(d, "0.1.0")
+
+
+if __name__ == "__main__":
+    unittest.main()
