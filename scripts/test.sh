@@ -79,11 +79,13 @@ later peers "the peers (scripts/peers.sh)" bash scripts/peers.sh
 later release "the shipped build (scripts/build-release.sh)" bash scripts/build-release.sh
 # Built from Debian's source package; the tests drive plexus through it.
 later cnitool "cnitool (scripts/tools/build-cnitool.sh)" bash scripts/tools/build-cnitool.sh
-# At the lowest priority, from the start, so they take only what CPU the rest leaves: the fuzz
-# targets' build, then, while the tests run (they mostly wait on their clusters), each target
-# fuzzed for 5 s after its regressions; and the arm64 build, then, once the tests' own build is
-# done ($bg/built), checked under qemu-user (its entry-point checks, the demo, the image index of
-# both architectures). Their reports are shown after the tests. The arm64 build has a target dir
+# At low priority, from the start, so they take only what CPU the rest leaves: the arm64 build
+# (nice 10), then, once the tests' own build is done ($bg/built), checked under qemu-user (its
+# entry-point checks, the demo, the image index of both architectures); and, at the lowest (nice
+# 19), the fuzz targets' build, then, while the tests run (they mostly wait on their clusters),
+# each target fuzzed for 5 s after its regressions. The arm64 build goes first because its end
+# is serial (the last LTO links, one binary each): left for after the tests, it ran alone on one
+# core; the fuzz runs, serial too, keep the other core busy beside it. Their reports are shown after the tests. The arm64 build has a target dir
 # of its own (cargo's locks never make one build wait for another); the fuzz targets build into
 # /var/cache/plexus-fuzz.
 fuzzing() {
@@ -94,14 +96,14 @@ fuzzing() {
   bash scripts/fuzz.sh 5 > "$bg/fuzz.out" 2>&1 || { cat "$bg/fuzz.out"; return 1; }
 }
 arm64() {
-  renice -n 19 -p "$BASHPID" > /dev/null
+  renice -n 10 -p "$BASHPID" > /dev/null
   PLEXUS_ARCH=arm64 bash scripts/build-release.sh > /dev/null || return
   until [ -e "$bg/built" ]; do sleep 1; done
   RUSTC_WORKSPACE_WRAPPER=$clippy_driver CLIPPY_ARGS=$clippy_args bash scripts/arm64-check.sh > "$bg/arm64.out" 2>&1 ||
     { cat "$bg/arm64.out"; return 1; }
 }
 later fuzzing "the fuzz targets: build and 5-second runs, at nice 19" fuzzing
-later arm64 "the arm64 build and its check, at nice 19" arm64
+later arm64 "the arm64 build and its check, at nice 10" arm64
 # Without its default features (the self-update: an HTTP client and archive formats; USDT probes
 # for DTrace: neither used here), and not optimised: it starts processes (cold, beside the
 # background builds, 402 s against 981 s at opt-level 1; alone, 165 CPU seconds, 180 with the
