@@ -93,7 +93,8 @@ fuzzing() {
   export PLEXUS_FUZZ_OPT_LEVEL=1
   bash scripts/fuzz.sh --build-only || return
   until [ -e "$bg/testing" ]; do sleep 1; done
-  bash scripts/fuzz.sh 5 > "$bg/fuzz.out" 2>&1 || { cat "$bg/fuzz.out"; return 1; }
+  # Two targets at a time (each fuzzer uses one core): the runs end a cold run, 44 s instead of 82.
+  PLEXUS_FUZZ_JOBS=2 bash scripts/fuzz.sh 5 > "$bg/fuzz.out" 2>&1 || { cat "$bg/fuzz.out"; return 1; }
 }
 arm64() {
   renice -n 10 -p "$BASHPID" > /dev/null
