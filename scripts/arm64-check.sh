@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
+source scripts/lib/shipped.sh
 [ "$(id -u)" = 0 ] || { echo "arm64-check.sh: run as root (binfmt_misc, namespaces)" >&2; exit 1; }
 [ "$(uname -m)" = aarch64 ] && { echo "arm64-check.sh: this machine is arm64 already: the test suite runs there" >&2; exit 0; }
 need_packages qemu-user binutils
@@ -56,5 +57,5 @@ trap '[ -z "$ours" ] || echo -1 > "$binfmt/$ours"; rm -rf "$work"' EXIT
 ARCHES="amd64 arm64" IMAGE=localhost/plexus:check ARCHIVE=$work/image.tar PLEXUS_IMAGE_STORE=$work/store \
   bash scripts/build-image.sh > /dev/null
 mkdir "$work/oci" && tar -C "$work/oci" -xf "$work/image.tar"
-python3 scripts/bench/benchtool.py image-index "$work/oci" "$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)"
+python3 scripts/bench/benchtool.py image-index "$work/oci" "$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)" "${SHIPPED[@]}"
 echo "arm64-check.sh: arm64 ADD/DEL through plexus and the entry point's checks pass under qemu-user; the image index holds both architectures"

@@ -23,7 +23,7 @@ source_url=$(git remote get-url origin 2> /dev/null | grep -E '^https://' || tru
 IMAGE=${IMAGE:-localhost/plexus:$version}
 ARCHES=${ARCHES:-amd64 arm64}
 # What the image carries: the shipped binaries (not the test ones the workspace build makes too).
-SHIPPED=(plexus plexus-macvlan plexus-host-device plexus-ipam plexusctl plexus-daemon)
+source scripts/lib/shipped.sh
 
 store=()
 if [ -n "${PLEXUS_IMAGE_STORE:-}" ]; then

@@ -20,7 +20,8 @@ while [ $# -gt 0 ]; do
 done
 target="${DESTDIR:-}$bin_dir"
 manifest="$target/.plexus-installed"
-binaries=(plexus plexus-macvlan plexus-host-device plexus-ipam plexusctl plexus-daemon)
+source scripts/lib/shipped.sh
+binaries=("${SHIPPED[@]}")
 
 if [ -n "$uninstall" ]; then
   [ -f "$manifest" ] || { echo "nothing installed by plexus in $target"; exit 0; }

@@ -11,7 +11,7 @@ test_benchtool.py, which the test command runs):
   ipam-k8s-summary OUT N           the plexus/whereabouts API-store run's results, merged
   soak-clean SOAK_JSON             exit 1 when the soak failed or left anything behind
   fleet DIR NADS PODS LOCAL KIB    a fleet's namespaces, NADs and pods as kubectl List files
-  image-index OCI_DIR VERSION      the multi-arch image archive holds what it should
+  image-index OCI_DIR VERSION BIN.. the multi-arch image archive holds these binaries and nothing else
 """
 import gzip
 import io
@@ -115,13 +115,13 @@ def fleet(nads, pods, local, pad_kib):
     return [{"apiVersion": "v1", "kind": "List", "items": items} for items in lists]
 
 
-SHIPPED = ["plexus", "plexus-macvlan", "plexus-host-device", "plexus-ipam", "plexusctl", "plexus-daemon"]
 ELF_MACHINE = {"amd64": 62, "arm64": 183}  # e_machine: x86-64, AArch64
 
 
-def image_index(root, version):
+def image_index(root, version, shipped):
     """The OCI archive (extracted at ROOT) of scripts/build-image.sh: an index of linux/amd64 and
-    linux/arm64, each image the shipped binaries of its architecture and nothing else, its
+    linux/arm64, each image the SHIPPED binaries (scripts/lib/shipped.sh) of its architecture and
+    nothing else, its
     entrypoint `plexusctl install`, labelled with the workspace's version and a revision. Returns
     one line per image; raises ValueError on the first thing wrong."""
     def blob(digest):
@@ -154,7 +154,7 @@ def image_index(root, version):
                     if member.isfile():
                         heads[member.name.removeprefix("./")] = t.extractfile(member).read(20)
         names = sorted(heads)
-        need(names == sorted(f"plexus/bin/{b}" for b in SHIPPED), f"{arch}: {names} (no shell, nothing else)")
+        need(names == sorted(f"plexus/bin/{b}" for b in shipped), f"{arch}: {names} (no shell, nothing else)")
         for name, head in heads.items():
             need(head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == ELF_MACHINE[arch],
                  f"{arch}: {name} is not an ELF binary of {arch}")
@@ -193,7 +193,7 @@ def main(argv):
                 json.dump(doc, f)
     elif cmd == "image-index":
         try:
-            print("\n".join(image_index(args[0], args[1])))
+            print("\n".join(image_index(args[0], args[1], args[2:])))
         except ValueError as e:
             print(f"benchtool: image index: {e}", file=sys.stderr)
             return 1
