@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plexus_cni::{ConfList, NetConf, Policy};
+use plexus_cni::{ConfList, NetConf};
+use plexus_node::Policy;
 use plexus_ipam::config::IpamConfig;
 
 fuzz_target!(|data: &[u8]| {

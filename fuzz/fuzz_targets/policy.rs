@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plexus_cni::Policy;
+use plexus_node::Policy;
 
 fuzz_target!(|data: &[u8]| {
     let _ = Policy::parse(data);

@@ -4,8 +4,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use plexus_cni::delegate;
 use plexus_cni::{CniArgs, CniEnv, Command, SpecVersion, code};
+use plexus_plugin::builtin::Runner;
 use plexus_tests::{Lab, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
 use serde_json::{Value, json};
 
@@ -51,7 +51,7 @@ fn the_cni_crate_runs_reference_static_and_reads_its_result_at_each_version() {
     let lab = Lab::new();
     for version in ["0.3.1", "0.4.0", "1.0.0"] {
         let env = env_for(&lab, Command::Add, vec![REFERENCE_CNI_DIR.into()]);
-        let result = in_node(&lab, || delegate::exec("static", Command::Add, &env, &static_conf(version)))
+        let result = in_node(&lab, || Runner::default().exec("static", Command::Add, &env, &static_conf(version)))
             .unwrap_or_else(|e| panic!("{version}: {e}"))
             .expect("ADD returns a result");
         let addrs: Vec<String> = result.ips.iter().map(|i| i.address.to_string()).collect();
@@ -63,7 +63,10 @@ fn the_cni_crate_runs_reference_static_and_reads_its_result_at_each_version() {
         let v: SpecVersion = version.parse().unwrap();
         assert_eq!(result.to_value(v).unwrap()["cniVersion"], version);
         let del = env_for(&lab, Command::Del, vec![REFERENCE_CNI_DIR.into()]);
-        assert_eq!(in_node(&lab, || delegate::exec("static", Command::Del, &del, &static_conf(version))), Ok(None));
+        assert_eq!(
+            in_node(&lab, || Runner::default().exec("static", Command::Del, &del, &static_conf(version))),
+            Ok(None)
+        );
     }
 }
 

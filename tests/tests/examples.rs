@@ -5,9 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
-use plexus_cni::{ConfList, NetConf, Policy};
+use plexus_cni::{ConfList, NetConf};
 use plexus_ipam::IpamConfig;
 use plexus_k8s::nad::{DirSource, Nad, NadSource, is_conflist};
+use plexus_node::Policy;
 use plexus_tests::{Lab, PluginRun, REFERENCE_CNI_DIR, plugin_bin};
 use serde_json::{Value, json};
 

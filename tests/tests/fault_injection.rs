@@ -1,6 +1,6 @@
 //! A fault at every step. Debug builds of the plugins (the ones the tests run) pass an injection
 //! point before each netlink request, private file write, delegate exec and API/etcd call
-//! (`plexus_cni::fault`): `PLEXUS_FAULT=<binary>:<n>[:kill]` fails the n-th one or kills the
+//! (`plexus_node::fault`): `PLEXUS_FAULT=<binary>:<n>[:kill]` fails the n-th one or kills the
 //! process there. For every n of an ADD and of a DEL — of plexus-macvlan, of the plexus-ipam it
 //! runs, of plexus-host-device, and of plexus with two delegates — as an error and as SIGKILL,
 //! the DEL the runtime sends next (for plexus also with its cache gone) must leave the node

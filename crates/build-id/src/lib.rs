@@ -5,7 +5,7 @@
 //! compiler's version and the build profile — computed once per build by `build.rs`. Two
 //! binaries with the same [`BUILD`] run the same plugin code: `plexus-daemon` runs a delegate
 //! in-process only when the binary it would exec reports the daemon's own [`BUILD`]
-//! (`plexus_cni::builtin`).
+//! (`plexus_plugin::builtin`).
 //!
 //! Must not: depend on anything, or hold anything but the constant (every crate that uses it is
 //! rebuilt when it changes).

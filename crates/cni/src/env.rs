@@ -87,8 +87,9 @@ pub struct CniEnv {
 }
 
 impl CniEnv {
-    /// Read the environment through `get` (the process environment in a plugin).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<CniEnv, Error> {
+    /// Read the environment through `get` (the process environment in a plugin); the deadline
+    /// is [`crate::deadline::DEADLINE_ENV`]'s, never later than `timeout` from now.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, timeout: std::time::Duration) -> Result<CniEnv, Error> {
         let var = |k: &str| get(k).filter(|v| !v.is_empty());
         let Some(cmd) = var("CNI_COMMAND") else {
             return Err(Error::invalid_env("required env variables [CNI_COMMAND] missing"));
@@ -112,14 +113,8 @@ impl CniEnv {
             args: CniArgs::parse(&var("CNI_ARGS").unwrap_or_default())?,
             path: var("CNI_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default(),
             netns_override: var("CNI_NETNS_OVERRIDE").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")),
-            // The node policy this plugin runs under is its delegates' too (said outright: a
-            // plugin served by plexus-daemon does not inherit the runtime's environment).
-            vars: var(crate::paths::POLICY_ENV)
-                .map(|p| (crate::paths::POLICY_ENV.to_string(), p))
-                .into_iter()
-                .collect(),
-            // The policy's limit replaces the default once the policy is read (the entry point).
-            deadline: crate::Deadline::from_env(&get, crate::policy::Limits::default().request_timeout()),
+            vars: Vec::new(),
+            deadline: crate::Deadline::from_env(&get, timeout),
         })
     }
 }
@@ -263,7 +258,7 @@ mod tests {
 
     fn env(vars: &[(&str, &str)]) -> Result<CniEnv, Error> {
         let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        CniEnv::from_lookup(|k| m.get(k).cloned())
+        CniEnv::from_lookup(|k| m.get(k).cloned(), std::time::Duration::from_secs(60))
     }
 
     #[test]

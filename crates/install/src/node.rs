@@ -34,7 +34,7 @@ impl Layout {
         policy_path: PathBuf,
     ) -> Result<Layout, InstallError> {
         for (key, p) in [("bin dir", &bin_dir), ("conf dir", &conf_dir), ("policy path", &policy_path)] {
-            if !plexus_cni::files::is_clean_absolute(p) || p.components().any(|c| c == Component::ParentDir) {
+            if !plexus_node::files::is_clean_absolute(p) || p.components().any(|c| c == Component::ParentDir) {
                 return Err(InstallError::Invalid(format!("{key} {:?}: an absolute path without \"..\" is needed", p)));
             }
         }

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use std::net::IpAddr;
 
-use plexus_cni::{CniResult, Dns, IpConfig, NetConf, Policy, Route};
+use plexus_cni::{CniResult, Dns, IpConfig, NetConf, Route};
+use plexus_node::Policy;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -19,7 +20,7 @@ use crate::error::IpamError;
 use crate::range::{IpRange, RangeSpec};
 
 /// Where the file store lives unless `dataDir` says otherwise.
-pub const DEFAULT_DATA_DIR: &str = plexus_cni::paths::IPAM_DATA_DIR;
+pub const DEFAULT_DATA_DIR: &str = plexus_node::paths::IPAM_DATA_DIR;
 /// The allocation domain of ranges without `network_name`.
 pub const DEFAULT_DOMAIN: &str = "default";
 
@@ -319,7 +320,7 @@ fn profile_store(name: &str, v: &Value) -> Result<StoreConfig, IpamError> {
         "file" => {
             let dir = body.get("dataDir").and_then(Value::as_str).map(PathBuf::from);
             let dir = dir
-                .filter(|d| plexus_cni::files::is_clean_absolute(d))
+                .filter(|d| plexus_node::files::is_clean_absolute(d))
                 .ok_or_else(|| bad("file.dataDir must be an absolute path without . or ..".into()))?;
             Ok(StoreConfig::File { data_dir: dir, key: None })
         }
@@ -490,7 +491,7 @@ mod tests {
     fn the_kubernetes_store_takes_the_api_from_the_policy_and_only_leader_election_from_the_network() {
         let with_policy = |ipam: Value| {
             let mut policy = Policy::default();
-            policy.kubernetes = Some(plexus_cni::policy::KubernetesPolicy {
+            policy.kubernetes = Some(plexus_node::policy::KubernetesPolicy {
                 kubeconfig: "/etc/cni/net.d/plexus.d/plexus.kubeconfig".into(),
                 namespace: "kube-system".into(),
             });

@@ -7,9 +7,10 @@
 
 use std::net::IpAddr;
 
-use plexus_cni::{NetConf, Policy};
+use plexus_cni::NetConf;
 use plexus_ipam::store::{AllocRequest, Context, Owner};
 use plexus_ipam::{IpamConfig, IpamError};
+use plexus_node::Policy;
 use serde_json::{Value, json};
 use std::time::Duration;
 

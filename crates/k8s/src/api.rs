@@ -190,7 +190,7 @@ impl ApiClient {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
-        plexus_cni::fault::at(plexus_cni::fault::Point::Api)
+        plexus_node::fault::at(plexus_node::fault::Point::Api)
             .map_err(|e| K8sError::Unavailable(format!("{what}: {e}")))?;
         self.rt.block_on(async {
             let mut last = String::new();

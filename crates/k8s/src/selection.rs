@@ -79,7 +79,7 @@ impl NetworkSelection {
             }
         }
         if let Some(mac) = &self.mac
-            && plexus_cni::hw::parse_mac(mac).is_none()
+            && plexus_node::hw::parse_mac(mac).is_none()
         {
             return Err(bad(item, format!("mac {mac:?} is not a MAC address")));
         }

@@ -61,7 +61,7 @@ pub struct IfaceKeys {
 
 impl IfaceKeys {
     /// The keys, from the plugin's whole network config (the plugin's own keys are ignored here).
-    pub fn load(req: &plexus_cni::Request) -> std::result::Result<IfaceKeys, plexus_cni::Error> {
+    pub fn load(req: &plexus_plugin::Request) -> std::result::Result<IfaceKeys, plexus_cni::Error> {
         req.config_as()
     }
 
@@ -100,15 +100,15 @@ pub fn naming_error(e: NetError, ifname: &str, pod: &Netns, what: impl FnOnce() 
 /// IPAM's result (its addresses on interface 0), applied to the link (addresses, up, routes,
 /// multi-rail rules), with the config's DNS. `is_up`: the link went up with its rename (L2 only).
 pub async fn apply_ipam(
-    req: &plexus_cni::Request,
-    ipam: &mut plexus_cni::delegate::IpamStep,
+    req: &plexus_plugin::Request,
+    ipam: &mut plexus_plugin::delegate::IpamStep,
     sock: &impl Kernel,
     keys: &IfaceKeys,
     index: u32,
     is_up: bool,
 ) -> std::result::Result<CniResult, plexus_cni::Error> {
     let ifname = req.env.ifname.as_str();
-    let mut result = ipam.result(&req.env, &req.config)?;
+    let mut result = ipam.result(req)?;
     for ip in &mut result.ips {
         ip.interface = Some(0);
     }

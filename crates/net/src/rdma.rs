@@ -195,7 +195,7 @@ impl RdmaSocket {
 
     fn exchange(&mut self, op: &str, request: Vec<u8>) -> Result<Vec<Reply>> {
         self.seq += 1;
-        plexus_cni::fault::at(plexus_cni::fault::Point::Netlink).map_err(|e| NetError::io(op, e.into()))?;
+        plexus_node::fault::at(plexus_node::fault::Point::Netlink).map_err(|e| NetError::io(op, e.into()))?;
         self.sock.send(&request, 0).map_err(|e| NetError::io(op, e))?;
         let mut replies = Vec::new();
         loop {

@@ -7,8 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+use plexus_cni::Error;
 use plexus_cni::env::validate_ifname;
-use plexus_cni::{Error, files};
+use plexus_node::files;
 use serde_json::{Value, json};
 
 /// The environment variable that moves the sysfs root.
@@ -73,7 +74,7 @@ impl Sysfs {
 
     /// The PCI device directory of `bdf` (`0000:3b:00.2`), validated.
     pub fn pci_device(&self, bdf: &str) -> Option<PathBuf> {
-        plexus_cni::hw::is_pci_address(bdf).then(|| self.root.join("bus/pci/devices").join(bdf)).filter(|p| p.exists())
+        plexus_node::hw::is_pci_address(bdf).then(|| self.root.join("bus/pci/devices").join(bdf)).filter(|p| p.exists())
     }
 
     /// The auxiliary device directory of `id` (`mlx5_core.sf.4`), validated.
@@ -120,7 +121,7 @@ impl Sysfs {
     pub fn device_hardware(&self, dev: &Path) -> NetdevHardware {
         let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut hw = NetdevHardware::default();
-        if plexus_cni::hw::is_pci_address(&name) {
+        if plexus_node::hw::is_pci_address(&name) {
             hw.pci_address = Some(name);
         } else {
             hw.auxiliary = Some(name);
@@ -129,7 +130,7 @@ impl Sysfs {
                 .parent()
                 .and_then(|p| p.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
-                .filter(|n| plexus_cni::hw::is_pci_address(n));
+                .filter(|n| plexus_node::hw::is_pci_address(n));
         }
         hw.rdma_device = first_entry(&dev.join("infiniband"));
         hw.driver = std::fs::read_link(dev.join("driver"))
@@ -161,7 +162,7 @@ pub fn device_info_pci(hw: &NetdevHardware) -> Option<Value> {
 /// device-info directory (`/var/run/k8s.cni.cncf.io/devinfo/cni/`, also spelled through `/run`).
 /// A NAD can carry its own `runtimeConfig`, so anything else would let a tenant choose a file
 /// root overwrites (ADD) or deletes (rollback, DEL).
-pub fn device_info_file(req: &plexus_cni::Request) -> Result<Option<PathBuf>, Error> {
+pub fn device_info_file(req: &plexus_plugin::Request) -> Result<Option<PathBuf>, Error> {
     match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
         Some(p) if !p.is_empty() => {
             let path = Path::new(p);
@@ -182,7 +183,7 @@ pub fn device_info_file(req: &plexus_cni::Request) -> Result<Option<PathBuf>, Er
 
 /// DEL: remove the request's device-info file, if it names one and it is there. A path the
 /// policy refuses is left alone (logged): DEL still succeeds.
-pub fn remove_device_info(req: &plexus_cni::Request) -> Result<(), Error> {
+pub fn remove_device_info(req: &plexus_plugin::Request) -> Result<(), Error> {
     match device_info_file(req) {
         Ok(Some(path)) => files::remove_if_present(&path),
         Ok(None) => Ok(()),

@@ -24,10 +24,10 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
-use plexus_cni::paths;
 use plexus_install::credentials::{self, Source};
 use plexus_install::node::{self, Installed, Layout};
 use plexus_k8s::api::Reply;
+use plexus_node::paths;
 
 #[derive(Subcommand)]
 pub(crate) enum Cmd {
@@ -200,7 +200,7 @@ impl Plan {
 }
 
 fn log(msg: &str) {
-    eprintln!("plexusctl install: {}", plexus_cni::logging::escape_controls(msg));
+    eprintln!("plexusctl install: {}", plexus_plugin::logging::escape_controls(msg));
 }
 
 /// Runs `plexusctl install CMD`. Its exit code is the supervised daemon's when that ended first.

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// The plexus-ipam section of network `list` (the first plugin that has one), with the node
 /// policy it is read under.
-fn ipam_config(list: &plexus_cni::ConfList) -> Result<(IpamConfig, plexus_cni::Policy)> {
+fn ipam_config(list: &plexus_cni::ConfList) -> Result<(IpamConfig, plexus_node::Policy)> {
     for plugin in &list.plugins {
         let ty = plugin.get("ipam").and_then(|i| i.get("type")).and_then(Value::as_str);
         if ty == Some("plexus-ipam") {
@@ -16,7 +16,7 @@ fn ipam_config(list: &plexus_cni::ConfList) -> Result<(IpamConfig, plexus_cni::P
             p.insert("name".into(), list.name.clone().into());
             p.insert("cniVersion".into(), list.cni_version.clone().into());
             let conf: NetConf = serde_json::from_value(Value::Object(p))?;
-            let policy = plexus_cni::Policy::load(|k| std::env::var(k).ok()).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let policy = plexus_node::Policy::load(|k| std::env::var(k).ok()).map_err(|e| anyhow::anyhow!("{e}"))?;
             let cfg = IpamConfig::from_netconf(&conf, &policy).map_err(|e| anyhow::anyhow!("{e}"))?;
             return Ok((cfg, policy));
         }
@@ -25,7 +25,7 @@ fn ipam_config(list: &plexus_cni::ConfList) -> Result<(IpamConfig, plexus_cni::P
 }
 
 /// The network's store as it is (nothing is made to look at it); `None` when there is none yet.
-fn store(cfg: &IpamConfig, policy: &plexus_cni::Policy) -> Result<Option<Box<dyn Store>>> {
+fn store(cfg: &IpamConfig, policy: &plexus_node::Policy) -> Result<Option<Box<dyn Store>>> {
     let deadline = plexus_cni::Deadline::after(policy.limits.request_timeout());
     let cx = plexus_ipam::store::Context { policy, namespace: None, deadline };
     Ok(plexus_ipam::store::open_for_release(cfg, &cx)?)
@@ -44,7 +44,7 @@ pub fn list(list: &plexus_cni::ConfList, json: bool) -> Result<()> {
     println!("{:<40} {:<20} {:<10} {:<16} {:<24} NETWORK", "ADDRESS", "CONTAINER", "IFNAME", "NODE", "POD");
     // What the store holds comes from other writers (whereabouts' objects, a tenant's interface
     // name): escaped before it reaches a terminal.
-    let shown = |s: &str| plexus_cni::logging::escape_controls(s).into_owned();
+    let shown = |s: &str| plexus_plugin::logging::escape_controls(s).into_owned();
     for a in &all {
         let cid: String = a.owner.container_id.chars().take(20).collect();
         println!(
@@ -71,7 +71,7 @@ pub fn release(list: &plexus_cni::ConfList, container_id: &str, ifname: &str) ->
         None => Vec::new(),
     };
     for a in &released {
-        println!("released {} ({container_id}/{})", a.ip, plexus_cni::logging::escape_controls(ifname));
+        println!("released {} ({container_id}/{})", a.ip, plexus_plugin::logging::escape_controls(ifname));
     }
     if released.is_empty() {
         eprintln!("{container_id}/{ifname} held nothing");

@@ -47,7 +47,7 @@ enum Cmd {
         /// The pod, NAMESPACE/NAME, found in plexus's cache (`--cni-dir`).
         #[arg(long, conflicts_with = "netns")]
         pod: Option<String>,
-        #[arg(long, default_value = plexus_cni::paths::META_CACHE_DIR)]
+        #[arg(long, default_value = plexus_node::paths::META_CACHE_DIR)]
         cni_dir: PathBuf,
     },
     /// Is this node ready for RoCE attachments?
@@ -58,7 +58,7 @@ enum Cmd {
         /// The MTU the fabric needs.
         #[arg(long)]
         mtu: Option<u32>,
-        #[arg(long, default_value = plexus_cni::paths::CNI_BIN_DIR)]
+        #[arg(long, default_value = plexus_node::paths::CNI_BIN_DIR)]
         bin_dir: PathBuf,
         /// The meta-plugin config to check (e.g. /etc/cni/net.d/00-plexus.conflist).
         #[arg(long)]
@@ -136,7 +136,7 @@ fn run(verb: &str, a: &RunArgs) -> Result<()> {
 
 fn main() -> ExitCode {
     // Exec'd as a CNI plugin (a network naming it as its "type"): refused at once.
-    if let Some(refused) = plexus_cni::plugin::refuse_as_delegate("plexusctl") {
+    if let Some(refused) = plexus_plugin::refuse_as_delegate("plexusctl") {
         return refused;
     }
     let cmd = match Cli::parse().cmd {
@@ -189,7 +189,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Errors repeat what plugins and stores said (tenant strings among them): escaped.
-            eprintln!("plexusctl: {}", plexus_cni::logging::escape_controls(&format!("{e:#}")));
+            eprintln!("plexusctl: {}", plexus_plugin::logging::escape_controls(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }

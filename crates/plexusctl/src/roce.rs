@@ -106,7 +106,7 @@ pub fn print(rows: &[Row]) {
             r.addr,
             ver,
             // A pod's interface name is its own (tenant) choice: escaped for the terminal.
-            plexus_cni::logging::escape_controls(&r.ifname)
+            plexus_plugin::logging::escape_controls(&r.ifname)
         );
     }
 }

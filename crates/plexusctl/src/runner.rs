@@ -7,7 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
-use plexus_cni::{CniArgs, CniEnv, Command, ConfList, chain, files};
+use plexus_cni::{CniArgs, CniEnv, Command, ConfList};
+use plexus_node::files;
+use plexus_plugin::builtin::Runner;
+use plexus_plugin::chain;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha512};
@@ -98,7 +101,7 @@ pub fn load_conf_list(dir: &Path, name: &str) -> Result<(ConfList, Vec<u8>)> {
 
 /// Where network configs are read from: `NETCONFPATH`, as cnitool, else the CNI conf dir.
 pub fn conf_dir() -> PathBuf {
-    std::env::var_os("NETCONFPATH").map(PathBuf::from).unwrap_or_else(|| plexus_cni::paths::CNI_CONF_DIR.into())
+    std::env::var_os("NETCONFPATH").map(PathBuf::from).unwrap_or_else(|| plexus_node::paths::CNI_CONF_DIR.into())
 }
 
 impl Invocation {
@@ -130,7 +133,7 @@ impl Invocation {
                 // The node policy's request limit, as a runtime's request gets it.
                 deadline: plexus_cni::Deadline::from_env(
                     |k| std::env::var(k).ok(),
-                    plexus_cni::Policy::load(|k| std::env::var(k).ok())
+                    plexus_node::Policy::load(|k| std::env::var(k).ok())
                         .map(|p| p.limits)
                         .unwrap_or_default()
                         .request_timeout(),
@@ -150,7 +153,7 @@ impl Invocation {
     }
 
     pub fn add(&self) -> Result<Value> {
-        let (_, printed) = chain::add(&self.list, &self.caps, &self.env).map_err(cni)?;
+        let (_, printed) = chain::add(&Runner::default(), &self.list, &self.caps, &self.env).map_err(cni)?;
         let info = CachedInfo {
             kind: "cniCacheV1".into(),
             container_id: self.env.container_id.clone(),
@@ -166,17 +169,24 @@ impl Invocation {
     }
 
     pub fn check(&self) -> Result<()> {
-        chain::check(&self.list, &self.caps, &self.env, self.cached().and_then(|c| c.result).as_ref()).map_err(cni)
+        chain::check(
+            &Runner::default(),
+            &self.list,
+            &self.caps,
+            &self.env,
+            self.cached().and_then(|c| c.result).as_ref(),
+        )
+        .map_err(cni)
     }
 
     pub fn del(&self) -> Result<()> {
         let cached = self.cached().and_then(|c| c.result);
-        chain::del(&self.list, &self.caps, &self.env, cached.as_ref()).map_err(cni)?;
+        chain::del(&Runner::default(), &self.list, &self.caps, &self.env, cached.as_ref()).map_err(cni)?;
         files::remove_if_present(&self.cache_path()).map_err(cni)
     }
 
     pub fn status(&self) -> Result<()> {
-        chain::status_or_gc(&self.list, &self.env, Command::Status, None).map_err(cni)
+        chain::status_or_gc(&Runner::default(), &self.list, &self.env, Command::Status, None).map_err(cni)
     }
 
     /// GC with every attachment libcni's cache still holds for this network as valid.
@@ -191,7 +201,8 @@ impl Invocation {
             .filter(|c| c.network_name == self.list.name)
             .map(|c| serde_json::json!({"containerID": c.container_id, "ifname": c.if_name}))
             .collect();
-        chain::status_or_gc(&self.list, &self.env, Command::Gc, Some(&Value::Array(valid))).map_err(cni)
+        chain::status_or_gc(&Runner::default(), &self.list, &self.env, Command::Gc, Some(&Value::Array(valid)))
+            .map_err(cni)
     }
 }
 

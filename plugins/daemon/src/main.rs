@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use plexus_cni::builtin::Builtin;
+use plexus_plugin::builtin::{Builtin, Runner};
 
 #[derive(Parser, Debug)]
 #[command(name = "plexus-daemon", version, about = "The plexus node daemon (daemon mode of the plexus meta-plugin)")]
@@ -85,7 +85,7 @@ static IN_PROCESS: [Builtin; 3] = [
 fn main() -> std::process::ExitCode {
     // Exec'd as a CNI plugin (a network naming it as its "type"): never bind the node daemon's
     // socket or port on a request's behalf.
-    if let Some(refused) = plexus_cni::plugin::refuse_as_delegate("plexus-daemon") {
+    if let Some(refused) = plexus_plugin::refuse_as_delegate("plexus-daemon") {
         return refused;
     }
     match daemon() {
@@ -100,14 +100,10 @@ fn main() -> std::process::ExitCode {
 fn daemon() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_max_level(plexus_cni::logging::level(&args.log_level))
+        .with_max_level(plexus_plugin::logging::level(&args.log_level))
         .with_ansi(false)
-        .with_writer(|| plexus_cni::logging::Escaping(std::io::stderr()))
+        .with_writer(|| plexus_plugin::logging::Escaping(std::io::stderr()))
         .init();
-    plexus_cni::delegate::delegates_die_with_parent();
-    if args.in_process_delegates {
-        plexus_cni::builtin::carry(&IN_PROCESS);
-    }
     if let Some(root) = &args.host_root {
         nix::unistd::chroot(root).with_context(|| format!("--host-root {}: chroot", root.display()))?;
         nix::unistd::chdir("/").context("chdir / in the host root")?;
@@ -124,7 +120,7 @@ fn daemon() -> anyhow::Result<()> {
 async fn run(args: Args) -> anyhow::Result<()> {
     // The node policy's bound on NADs holds in the cache too (each request is still checked
     // against its own policy).
-    match plexus_cni::Policy::load(|k| std::env::var(k).ok()) {
+    match plexus_node::Policy::load(|k| std::env::var(k).ok()) {
         Ok(policy) => cluster::cap_nad_configs(policy.limits.nad_config_bytes),
         Err(e) => tracing::warn!("node policy: {e}: the NAD cache keeps configs of the default size"),
     }
@@ -167,8 +163,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let view = caches.clone().map(|c| c as Arc<dyn plexus::ClusterView>);
     let status = caches.as_ref().map(|c| c.status.clone());
+    // Its delegates die with their request's thread; the plugins it links run in-process.
+    let runner = Runner::parent(if args.in_process_delegates { &IN_PROCESS } else { &[] });
     let daemon = Arc::new(server::Daemon::new(
         plexus::Meta::with_view(view).observed_by(Arc::new(metrics::Delegates::new(metrics.clone()))),
+        runner,
         metrics,
         args.max_concurrent.max(1),
         args.max_queued,

@@ -13,6 +13,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Notify, Semaphore};
 
+use plexus_plugin::builtin::Runner;
+
 use crate::metrics::Metrics;
 
 /// How long a peer has to send its request, and later its go-ahead.
@@ -20,6 +22,9 @@ const PEER_DEADLINE: Duration = Duration::from_secs(5);
 
 pub struct Daemon {
     pub meta: plexus::Meta,
+    /// How the requests' delegates run: each dies with its request's thread; the plugins the
+    /// daemon carries run in-process.
+    pub runner: Runner,
     pub metrics: Arc<Metrics>,
     pub max_concurrent: usize,
     pub max_queued: usize,
@@ -33,9 +38,16 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn new(meta: plexus::Meta, metrics: Arc<Metrics>, max_concurrent: usize, max_queued: usize) -> Daemon {
+    pub fn new(
+        meta: plexus::Meta,
+        runner: Runner,
+        metrics: Arc<Metrics>,
+        max_concurrent: usize,
+        max_queued: usize,
+    ) -> Daemon {
         Daemon {
             meta,
+            runner,
             metrics,
             max_concurrent,
             max_queued,
@@ -249,7 +261,7 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     // pool and back (each a wake-up on the way of every request). Exec'd delegates die with the
     // thread that started them, and this thread only ends once idle, every delegate it started
     // waited for.
-    let response = tokio::task::block_in_place(|| run(&daemon.meta, &request));
+    let response = tokio::task::block_in_place(|| run(&daemon.meta, &daemon.runner, &request));
     daemon.running_slots.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, &slot));
     // Answered by the watchdog already (the request overran): nothing more to say.
     let Some((permit, pending)) = slot.take() else { return };
@@ -300,7 +312,7 @@ impl Slot {
         daemon.metrics.overrun();
         let e = self.deadline.expired(format!("plexus-daemon: the {} still runs", self.command));
         tracing::error!(took = ?self.started.elapsed(), "{e}: answered, its slot given back");
-        plexus_cni::builtin::give_up("a request of plexus-daemon overran its deadline");
+        daemon.runner.give_up("a request of plexus-daemon overran its deadline");
         daemon.metrics.request(&self.command, self.started.elapsed(), Some(e.code));
         if let Ok(fd) = answer {
             let mut answer = std::os::unix::net::UnixStream::from(fd);
@@ -317,13 +329,15 @@ impl Slot {
     }
 }
 
-/// One request, through the meta-plugin's entry point with the shim's environment and stdin.
-pub fn run(meta: &plexus::Meta, request: &wire::Request) -> wire::Response {
+/// One request, through the meta-plugin's entry point with the shim's environment and stdin, its
+/// delegates run by `runner`.
+pub fn run(meta: &plexus::Meta, runner: &Runner, request: &wire::Request) -> wire::Response {
     let getenv = |k: &str| request.env.get(k).cloned();
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let exit = plexus_cni::plugin::dispatch(
+    let exit = plexus_plugin::dispatch(
         plexus::ABOUT,
         meta,
+        runner,
         getenv,
         &mut request.stdin.as_bytes(),
         &mut stdout,

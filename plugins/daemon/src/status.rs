@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use plexus_cni::files;
 use plexus_k8s::K8sError;
 use plexus_k8s::status::{NetworkStatus, PodRef};
+use plexus_node::files;
 use serde::{Deserialize, Serialize};
 
 /// One PATCH of a pod's network-status, as the API client makes it.

@@ -4,11 +4,12 @@
 
 use std::path::PathBuf;
 
-use plexus_cni::datadir::DataDir;
-use plexus_cni::{Error, Request};
+use plexus_cni::Error;
 use plexus_net::link::{format_mac, parse_mac};
 use plexus_net::sysfs::Sysfs;
 use plexus_net::{Kernel, Link};
+use plexus_node::datadir::DataDir;
+use plexus_plugin::Request;
 use serde::Deserialize;
 
 /// Drivers that mean the device is used from user space (DPDK): it is not moved.
@@ -45,7 +46,7 @@ pub struct HostDeviceConf {
 }
 
 fn default_data_dir() -> PathBuf {
-    plexus_cni::paths::HOST_DEVICE_DATA_DIR.into()
+    plexus_node::paths::HOST_DEVICE_DATA_DIR.into()
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -81,7 +82,7 @@ impl HostDeviceConf {
     /// tenant's marked directory in a data root), opened without following symlinks; created
     /// when `create`, else `None` when it is not there.
     pub fn data_dir(&self, req: &Request, create: bool) -> Result<Option<DataDir>, Error> {
-        let kind = plexus_cni::datadir::Kind::HostDeviceState;
+        let kind = plexus_node::datadir::Kind::HostDeviceState;
         req.policy.data_dir("dataDir", &self.data_dir, kind, req.pod_namespace(), create, req.env.deadline)
     }
 
@@ -108,7 +109,7 @@ impl HostDeviceConf {
         let mut pci = self.pci_bus_id.clone();
         let mut aux = None;
         if let Some(id) = self.device_id(req) {
-            if plexus_cni::hw::is_pci_address(id) {
+            if plexus_node::hw::is_pci_address(id) {
                 pci = Some(id.to_string());
             } else if sysfs.aux_device(id).is_some() {
                 aux = Some(id.to_string());

@@ -21,15 +21,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use conf::{HostDeviceConf, Selected};
-use plexus_cni::datadir::DataDir;
-use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
-use plexus_cni::policy::Allowed;
-use plexus_cni::undo::Undo;
-use plexus_cni::{About, CniResult, Command, Error, ErrorList, Interface, Plugin, Request, code, files};
+use plexus_cni::{CniResult, Command, Error, ErrorList, Interface, code};
 use plexus_net::check;
 use plexus_net::configure;
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Kernel, Link, LinkChange, LinkSocket, Netns, roce};
+use plexus_node::datadir::DataDir;
+use plexus_node::files;
+use plexus_node::policy::Allowed;
+use plexus_plugin::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
+use plexus_plugin::undo::Undo;
+use plexus_plugin::{About, Plugin, Request};
 use state::HostState;
 
 /// The plugin (its binary's `main`, and plexus-daemon's in-process delegate).
@@ -223,8 +225,7 @@ impl<K: Kernel> Add<'_, K> {
         allowed(self.req, &pci, Some(&pci), None)?;
         tracing::info!(%pci, %driver, "DPDK device: not moved");
         let ifname = self.req.env.ifname.as_str();
-        let mut result =
-            IpamStep::start_early(&self.req.env, &self.req.config)?.result(&self.req.env, &self.req.config)?;
+        let mut result = IpamStep::start_early(self.req)?.result(self.req)?;
         result.interfaces = vec![result_interface(ifname, None, self.pod, Some(pci.clone()))];
         if let Some(path) = self.info_file {
             let hw = plexus_net::sysfs::NetdevHardware { pci_address: Some(pci), ..Default::default() };
@@ -253,9 +254,7 @@ impl<K: Kernel> Add<'_, K> {
             Err(e) => Err(undo
                 .unwind_async(e, async |step| match step {
                     Step::StateFile(path) | Step::DeviceInfo(path) => files::remove_if_present(&path),
-                    Step::Ipam => {
-                        std::mem::replace(&mut ipam, IpamStep::None).roll_back(&self.req.env, &self.req.config)
-                    }
+                    Step::Ipam => std::mem::replace(&mut ipam, IpamStep::None).roll_back(self.req),
                     Step::Moved { .. } => match state::find_moved(self.pod_sock, ifname, &host).await? {
                         Some(moved) => {
                             state::return_to_host(Some(self.pod_sock), self.node_sock, self.node, &moved, Some(&host))
@@ -290,7 +289,7 @@ impl<K: Kernel> Add<'_, K> {
         }
         state::save(state_path, host)?;
         undo.push(Step::StateFile(state_path.to_path_buf()));
-        *ipam = IpamStep::start_early(&self.req.env, &self.req.config)?;
+        *ipam = IpamStep::start_early(self.req)?;
         if !matches!(ipam, IpamStep::None) {
             undo.push(Step::Ipam);
         }

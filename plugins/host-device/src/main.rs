@@ -1,5 +1,5 @@
 //! plexus-host-device: see the library for the plugin's steps.
 
 fn main() -> std::process::ExitCode {
-    plexus_cni::plugin::run(plexus_host_device::ABOUT, &plexus_host_device::HostDevice)
+    plexus_plugin::run(plexus_host_device::ABOUT, &plexus_host_device::HostDevice)
 }

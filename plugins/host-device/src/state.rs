@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use ipnetwork::IpNetwork;
-use plexus_cni::files::SafeDir;
-use plexus_cni::{Error, files};
+use plexus_cni::Error;
 use plexus_net::{Dad, Kernel, Link, LinkChange, Netns};
+use plexus_node::files;
+use plexus_node::files::SafeDir;
 use serde::{Deserialize, Serialize};
 
 /// The alias a moved device carries: `plexus-host-device:<host name>:<attachment tag>`, so DEL

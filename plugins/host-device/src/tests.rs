@@ -4,9 +4,9 @@
 //! the IPAM delegate is a real process (a script), sysfs an empty directory (no PCI, no RDMA),
 //! the kernel a fake; `tests/tests/host_device.rs` runs the same code on real namespaces.
 
-use plexus_cni::policy::Policy;
-use plexus_cni::testing;
 use plexus_net::fake::{FakeKernel, FakeNamespace, FakeSocket};
+use plexus_node::policy::Policy;
+use plexus_plugin::testing;
 use serde_json::{Value, json};
 
 use super::*;
@@ -90,7 +90,7 @@ impl Rig {
             .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>())
             .unwrap_or_default()
             .into_iter()
-            .filter(|n: &String| n != plexus_cni::datadir::MARK)
+            .filter(|n: &String| n != plexus_node::datadir::MARK)
             .collect()
     }
 

@@ -7,9 +7,10 @@
 
 use std::net::IpAddr;
 
-use plexus_cni::{About, CniResult, Error, ErrorList, Plugin, Request, code};
+use plexus_cni::{CniResult, Error, ErrorList, code};
 use plexus_ipam::store::{Context, open as open_store, open_for_release as open_existing};
 use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
+use plexus_plugin::{About, Plugin, Request};
 use serde_json::Value;
 
 #[cfg(test)]

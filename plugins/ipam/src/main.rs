@@ -1,5 +1,5 @@
 //! plexus-ipam: see the library for the plugin's steps.
 
 fn main() -> std::process::ExitCode {
-    plexus_cni::plugin::run(plexus_ipam_plugin::ABOUT, &plexus_ipam_plugin::Ipam)
+    plexus_plugin::run(plexus_ipam_plugin::ABOUT, &plexus_ipam_plugin::Ipam)
 }

@@ -2,8 +2,8 @@
 //! temporary directory: no root, no process. `tests/tests/ipam.rs` runs the binary, beside
 //! host-local and whereabouts.
 
-use plexus_cni::policy::Policy;
-use plexus_cni::testing;
+use plexus_node::policy::Policy;
+use plexus_plugin::testing;
 use serde_json::{Value, json};
 
 use super::*;

@@ -1,11 +1,12 @@
 //! The plexus-macvlan configuration: the reference macvlan's keys plus `multiRail`,
 //! `routeTable`, `dad` and `roceGidWaitMs`.
 
-use plexus_cni::policy::Allowed;
-use plexus_cni::{Error, Request};
+use plexus_cni::Error;
 use plexus_net::configure::IfaceKeys;
 use plexus_net::link::parse_mac;
 use plexus_net::{Link, MacvlanMode, Netns, NewMacvlan};
+use plexus_node::policy::Allowed;
+use plexus_plugin::Request;
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]

@@ -20,14 +20,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use conf::MacvlanConf;
-use plexus_cni::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
-use plexus_cni::policy::Allowed;
-use plexus_cni::undo::Undo;
-use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request, code, files};
+use plexus_cni::{CniResult, Command, Error, Interface, code};
 use plexus_net::check::{self, failed};
 use plexus_net::configure;
 use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
 use plexus_net::{Kernel, Link, LinkChange, LinkSocket, Netns, NewMacvlan, roce};
+use plexus_node::files;
+use plexus_node::policy::Allowed;
+use plexus_plugin::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
+use plexus_plugin::undo::Undo;
+use plexus_plugin::{About, Plugin, Request};
 
 /// Attempts at a free temporary name before giving up.
 const TEMP_NAME_ATTEMPTS: usize = 3;
@@ -200,7 +202,7 @@ impl<K: Kernel> Add<'_, K> {
     /// The whole ADD; on failure every completed step is undone and the ADD's error returned.
     async fn run(&self, spec: &NewMacvlan<'_>) -> Result<CniResult, Error> {
         let mut undo = Undo::new();
-        let mut ipam = IpamStep::start_early(&self.req.env, &self.req.config)?;
+        let mut ipam = IpamStep::start_early(self.req)?;
         if !matches!(ipam, IpamStep::None) {
             undo.push(Step::Ipam);
         }
@@ -211,9 +213,7 @@ impl<K: Kernel> Add<'_, K> {
             }
             Err(e) => Err(undo
                 .unwind_async(e, async |step| match step {
-                    Step::Ipam => {
-                        std::mem::replace(&mut ipam, IpamStep::None).roll_back(&self.req.env, &self.req.config)
-                    }
+                    Step::Ipam => std::mem::replace(&mut ipam, IpamStep::None).roll_back(self.req),
                     Step::Created { name } => match self.pod_sock.link(&name).await? {
                         Some(link) => delete_present(self.pod_sock, link.index).await,
                         None => Ok(()),

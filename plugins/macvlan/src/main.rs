@@ -1,5 +1,5 @@
 //! plexus-macvlan: see the library for the plugin's steps.
 
 fn main() -> std::process::ExitCode {
-    plexus_cni::plugin::run(plexus_macvlan::ABOUT, &plexus_macvlan::Macvlan)
+    plexus_plugin::run(plexus_macvlan::ABOUT, &plexus_macvlan::Macvlan)
 }

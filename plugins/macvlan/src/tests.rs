@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use plexus_cni::policy::Policy;
-use plexus_cni::testing;
 use plexus_net::fake::{FakeKernel, FakeNamespace, FakeSocket};
+use plexus_node::policy::Policy;
+use plexus_plugin::testing;
 use serde_json::{Value, json};
 
 use super::*;

@@ -5,10 +5,20 @@
 
 use std::path::{Path, PathBuf};
 
-use plexus_cni::chain;
 use plexus_cni::{CniEnv, CniResult, Command, ConfList, Error};
+use plexus_plugin::builtin::Runner;
+use plexus_plugin::chain;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+/// What every delegate of one request runs with: the CNI environment its own derives from, and
+/// how it runs — the request's [`Runner`] (exec'd; in plexus-daemon, a plugin it carries runs
+/// in-process).
+#[derive(Clone, Debug)]
+pub struct DelegateEnv {
+    pub cni: CniEnv,
+    pub runner: Runner,
+}
 
 /// An attachment as the cache records it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -105,9 +115,9 @@ impl Attachment {
             let t = plugin.get("type").and_then(Value::as_str).unwrap_or_default();
             let ipam = plugin.get("ipam").and_then(|i| i.get("type")).and_then(Value::as_str).unwrap_or_default();
             for named in [t, ipam] {
-                plexus_cni::delegate::refuse_not_plugin(named).map_err(|e| self.named(e))?;
+                plexus_plugin::delegate::refuse_not_plugin(named).map_err(|e| self.named(e))?;
             }
-            let is_me = || plexus_cni::delegate::find_plugin(t, cni_path).is_ok_and(|p| same_file(&p, me));
+            let is_me = || plexus_plugin::delegate::find_plugin(t, cni_path).is_ok_and(|p| same_file(&p, me));
             if crate::conf::META_PLUGIN_TYPES.contains(&t) || is_me() {
                 return Err(Error::invalid_config(format!(
                     "network {}: plugin type {t:?} is a meta-plugin: a network may not run one",
@@ -150,8 +160,8 @@ impl Attachment {
     }
 
     /// ADD: the chain in order, each plugin given the previous result; returns the final result.
-    pub fn add(&self, base: &CniEnv) -> Result<(CniResult, Value), Error> {
-        chain::add(&self.list()?, &self.capability_args, &self.env(base))
+    pub fn add(&self, base: &DelegateEnv) -> Result<(CniResult, Value), Error> {
+        chain::add(&base.runner, &self.list()?, &self.capability_args, &self.env(&base.cni))
     }
 
     /// A result as this attachment's chain prints it (its list's version), for the cache.
@@ -160,19 +170,20 @@ impl Attachment {
     }
 
     /// DEL: the chain in reverse, each plugin given the cached result; keeps going past errors.
-    pub fn del(&self, base: &CniEnv) -> Result<(), Error> {
-        chain::del(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
+    pub fn del(&self, base: &DelegateEnv) -> Result<(), Error> {
+        chain::del(&base.runner, &self.list()?, &self.capability_args, &self.env(&base.cni), self.result.as_ref())
     }
 
     /// CHECK: the chain in order with the cached result.
-    pub fn check(&self, base: &CniEnv) -> Result<(), Error> {
-        chain::check(&self.list()?, &self.capability_args, &self.env(base), self.result.as_ref())
+    pub fn check(&self, base: &DelegateEnv) -> Result<(), Error> {
+        chain::check(&base.runner, &self.list()?, &self.capability_args, &self.env(&base.cni), self.result.as_ref())
             .map_err(|e| self.named(e))
     }
 
     /// STATUS or GC on every plugin of the list (GC with the `valid` attachments).
-    pub fn status_or_gc(&self, base: &CniEnv, command: Command, valid: Option<&Value>) -> Result<(), Error> {
-        chain::status_or_gc(&self.list()?, &self.env(base), command, valid).map_err(|e| self.named(e))
+    pub fn status_or_gc(&self, base: &DelegateEnv, command: Command, valid: Option<&Value>) -> Result<(), Error> {
+        chain::status_or_gc(&base.runner, &self.list()?, &self.env(&base.cni), command, valid)
+            .map_err(|e| self.named(e))
     }
 }
 

@@ -9,7 +9,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use plexus_cni::{Error, files};
+use plexus_cni::Error;
+use plexus_node::files;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -51,7 +52,7 @@ pub fn record_result(path: &Path, index: usize, result: &Value) -> Result<(), Er
     let mut line = b"\n".to_vec();
     serde_json::to_writer(&mut line, &ResultRecord { attachment: index, result }).expect("json");
     line.push(b'\n');
-    plexus_cni::fault::at(plexus_cni::fault::Point::FileWrite)?;
+    plexus_node::fault::at(plexus_node::fault::Point::FileWrite)?;
     std::fs::OpenOptions::new()
         .append(true)
         .open(path)

@@ -10,7 +10,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use plexus_cni::{Error, Request};
+use plexus_cni::Error;
+use plexus_plugin::Request;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -81,10 +82,10 @@ fn default_conf_dir() -> PathBuf {
     "/etc/cni/multus/net.d".into()
 }
 fn default_cni_dir() -> PathBuf {
-    plexus_cni::paths::META_CACHE_DIR.into()
+    plexus_node::paths::META_CACHE_DIR.into()
 }
 fn default_bin_dir() -> PathBuf {
-    plexus_cni::paths::CNI_BIN_DIR.into()
+    plexus_node::paths::CNI_BIN_DIR.into()
 }
 
 /// Set in every delegate's environment: a plexus that sees it is running as a delegate of plexus.

@@ -1,23 +1,23 @@
 //! How the meta-plugin runs an attachment's delegate: the seam between the meta-plugin's steps
 //! (order, parallel groups, cache, rollback) and the delegates themselves. [`Chains`] runs an
-//! attachment's chain of plugins (`plexus_cni::chain`: each plugin exec'd, or run in-process when
+//! attachment's chain of plugins (`plexus_plugin::chain`: each plugin exec'd, or run in-process when
 //! plexus-daemon carries it) and tells an [`Observer`] how each call went; the unit tests
 //! (`tests.rs`) put a recording fake in its place, so the steps are tested without root.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plexus_cni::{CniEnv, CniResult, Command, Error};
+use plexus_cni::{CniResult, Command, Error};
 use serde_json::Value;
 
-use crate::attachment::Attachment;
+use crate::attachment::{Attachment, DelegateEnv};
 
 /// Runs an attachment's delegate.
 pub(crate) trait Delegates: Send + Sync {
     /// ADD: the final result, and as the delegate printed it (for the cache).
-    fn add(&self, a: &Attachment, env: &CniEnv) -> Result<(CniResult, Value), Error>;
-    fn del(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error>;
-    fn check(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error>;
+    fn add(&self, a: &Attachment, env: &DelegateEnv) -> Result<(CniResult, Value), Error>;
+    fn del(&self, a: &Attachment, env: &DelegateEnv) -> Result<(), Error>;
+    fn check(&self, a: &Attachment, env: &DelegateEnv) -> Result<(), Error>;
 }
 
 /// Told of every delegate call (the daemon's metrics).
@@ -43,7 +43,7 @@ impl Chains {
         &self,
         command: Command,
         a: &Attachment,
-        env: &CniEnv,
+        env: &DelegateEnv,
         call: impl FnOnce() -> Result<T, Error>,
     ) -> Result<T, Error> {
         let Some(obs) = &self.observer else { return call() };
@@ -56,15 +56,15 @@ impl Chains {
 }
 
 impl Delegates for Chains {
-    fn add(&self, a: &Attachment, env: &CniEnv) -> Result<(CniResult, Value), Error> {
+    fn add(&self, a: &Attachment, env: &DelegateEnv) -> Result<(CniResult, Value), Error> {
         self.observed(Command::Add, a, env, || a.add(env))
     }
 
-    fn del(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error> {
+    fn del(&self, a: &Attachment, env: &DelegateEnv) -> Result<(), Error> {
         self.observed(Command::Del, a, env, || a.del(env))
     }
 
-    fn check(&self, a: &Attachment, env: &CniEnv) -> Result<(), Error> {
+    fn check(&self, a: &Attachment, env: &DelegateEnv) -> Result<(), Error> {
         self.observed(Command::Check, a, env, || a.check(env))
     }
 }
@@ -73,9 +73,9 @@ impl Delegates for Chains {
 /// installed where delegates are found (the admin's `binDir` and `CNI_PATH`), else
 /// [`UNKNOWN_TYPE`] — a NAD's `type` is any string a tenant writes, and a metric label per string
 /// would grow without bound.
-fn observed_type(a: &Attachment, env: &CniEnv) -> String {
+fn observed_type(a: &Attachment, env: &DelegateEnv) -> String {
     let t = a.delegate_type();
-    match plexus_cni::delegate::find_plugin(&t, &env.path) {
+    match plexus_plugin::delegate::find_plugin(&t, &env.cni.path) {
         Ok(_) => t,
         Err(_) => UNKNOWN_TYPE.into(),
     }

@@ -27,17 +27,19 @@ pub mod wire;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use attachment::Attachment;
+use attachment::{Attachment, DelegateEnv};
 use conf::MetaConf;
 use delegates::{Chains, Delegates};
 use plan::{Pod, SelectionSource};
-use plexus_cni::logging;
-use plexus_cni::undo::Undo;
-use plexus_cni::{About, CniEnv, CniResult, Command, Error, ErrorList, Plugin, Policy, Request, code, files};
+use plexus_cni::{CniResult, Command, Error, ErrorList, code};
 use plexus_k8s::api::{ApiClient, PodInfo};
 use plexus_k8s::nad::{DirSource, NadSource};
 use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_k8s::{K8sError, Nad, status};
+use plexus_node::{Policy, files};
+use plexus_plugin::logging;
+use plexus_plugin::undo::Undo;
+use plexus_plugin::{About, Plugin, Request};
 use pod::PodNetns;
 use serde_json::Value;
 
@@ -53,7 +55,7 @@ pub const ABOUT: About =
 /// config names one, and runs it here only when the daemon does not answer; `plexus-daemon` runs
 /// it on its caches. What differs is only where the cluster is read: [`Meta::thin`] asks the API
 /// (or `nadDir`) on every call; [`Meta::with_view`] reads the daemon's watch caches. Delegates
-/// run through [`delegates`]' seam.
+/// run through the `delegates` seam, each as the request's runner says (`Request::runner`).
 pub struct Meta {
     view: Option<Arc<dyn ClusterView>>,
     delegates: Arc<dyn Delegates>,
@@ -161,8 +163,8 @@ impl Cluster {
 /// The environment every delegate runs with: `binDir` ahead of `CNI_PATH`, `CNI_ARGS` with
 /// `IgnoreUnknown` and the pod's identity (what Multus passes), plexus's mark, and this
 /// invocation's log destination (the admin's: delegates take theirs from here, never from their
-/// own config).
-fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
+/// own config); each runs as the request's runner says.
+fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> DelegateEnv {
     let mut env = req.env.clone();
     env.vars.push((conf::DELEGATE_MARK_ENV.into(), "1".into()));
     if let Some(file) = &req.log.file {
@@ -179,7 +181,7 @@ fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> CniEnv {
         env.args.set("K8S_POD_INFRA_CONTAINER_ID", &pod.infra_container_id);
         env.args.set("K8S_POD_UID", &pod.uid);
     }
-    env
+    DelegateEnv { cni: env, runner: req.runner.clone() }
 }
 
 /// The pod's attachments; a network that would run a meta-plugin or one of plexus's binaries that
@@ -189,21 +191,21 @@ fn attachments_for(
     conf: &MetaConf,
     pod: &Pod,
     cluster: &Cluster,
-    base: &CniEnv,
+    base: &DelegateEnv,
 ) -> Result<Vec<Attachment>, Error> {
     let attachments = plan::plan(req, conf, pod, cluster, cluster.selection(conf, pod)?)?;
     for a in &attachments {
-        a.refuse_forbidden_plugins(&base.path)?;
+        a.refuse_forbidden_plugins(&base.cni.path)?;
     }
     Ok(attachments)
 }
 
 /// Attachments a cache recorded, less any that would run a meta-plugin or a binary that is not a
 /// plugin (a cache written before plexus refused them): those are logged and left alone, never run.
-fn runnable(attachments: Vec<Attachment>, base: &CniEnv) -> Vec<Attachment> {
+fn runnable(attachments: Vec<Attachment>, base: &DelegateEnv) -> Vec<Attachment> {
     attachments
         .into_iter()
-        .filter(|a| match a.refuse_forbidden_plugins(&base.path) {
+        .filter(|a| match a.refuse_forbidden_plugins(&base.cni.path) {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!("not run: {e}");
@@ -303,7 +305,7 @@ fn attach_all(
     state: &mut cache::Cache,
     parallel: bool,
     pod: &Pod,
-    env: &CniEnv,
+    env: &DelegateEnv,
     cache_path: &std::path::Path,
     undo: &mut Undo<Step>,
     delegates: &dyn Delegates,
@@ -347,7 +349,7 @@ fn attach_all(
 fn attach(
     a: &Attachment,
     i: usize,
-    env: &CniEnv,
+    env: &DelegateEnv,
     cache_path: &std::path::Path,
     recording: &std::sync::Mutex<()>,
     pod: &Pod,
@@ -367,7 +369,7 @@ fn attach(
 /// failures; the failures in reverse annotation order.
 fn delete_all(
     attachments: &[Attachment],
-    base: &CniEnv,
+    base: &DelegateEnv,
     policy: &Policy,
     parallel: bool,
     delegates: &dyn Delegates,
@@ -384,7 +386,7 @@ fn delete_all(
 fn teardown_group(
     attachments: &[Attachment],
     group: &[usize],
-    base: &CniEnv,
+    base: &DelegateEnv,
     policy: &Policy,
     delegates: &dyn Delegates,
 ) -> ErrorList {
@@ -399,7 +401,7 @@ fn teardown_group(
 
 /// DEL one attachment; its device-info file goes too (only in the policy's device-info
 /// directory), whatever the delegate answered.
-fn teardown(a: &Attachment, base: &CniEnv, policy: &Policy, delegates: &dyn Delegates) -> Result<(), Error> {
+fn teardown(a: &Attachment, base: &DelegateEnv, policy: &Policy, delegates: &dyn Delegates) -> Result<(), Error> {
     let deleted = delegates.del(a, base);
     if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
         let _ = files::remove_if_present(f);
@@ -413,7 +415,7 @@ fn roll_back(
     undo: Undo<Step>,
     e: Error,
     attachments: &[Attachment],
-    base: &CniEnv,
+    base: &DelegateEnv,
     policy: &Policy,
     delegates: &dyn Delegates,
 ) -> Error {
@@ -483,7 +485,8 @@ impl Plugin for Meta {
         let mut undo = Undo::new();
         undo.push(Step::Cache(cache_path.clone()));
         // The delegates' ADDs end early enough for their DELs (a rollback) to run in what is left.
-        let add_env = CniEnv { deadline: base.deadline.keeping_for_undo(), ..base.clone() };
+        let mut add_env = base.clone();
+        add_env.cni.deadline = base.cni.deadline.keeping_for_undo();
         let delegates = &*self.delegates;
         let attached = attach_all(&mut state, conf.parallel, &pod, &add_env, &cache_path, &mut undo, delegates)
             .and_then(|mut results| {
@@ -582,8 +585,8 @@ impl Plugin for Meta {
                 continue;
             }
             let mut env = base.clone();
-            env.container_id = c.container_id.clone();
-            env.netns = c.netns.clone();
+            env.cni.container_id = c.container_id.clone();
+            env.cni.netns = c.netns.clone();
             errors.extend(delete_all(
                 &runnable(c.attachments, &env),
                 &env,

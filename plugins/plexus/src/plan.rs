@@ -4,11 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-use plexus_cni::{Error, Request};
+use plexus_cni::Error;
 use plexus_k8s::nad::{self, NadSource};
 use plexus_k8s::selection::parse_default_network;
 use plexus_k8s::status::PodRef;
 use plexus_k8s::{DEFAULT_NAMESPACE, K8sError, NetworkSelection, checkpoint, parse_selections, podresources};
+use plexus_plugin::Request;
 use serde_json::{Map, Value};
 
 use crate::attachment::{Attachment, merge_cni_args};
@@ -19,7 +20,7 @@ use crate::conf::MetaConf;
 /// kubelet's).
 pub fn device_plugin_info(resource: &str, device: &str) -> PathBuf {
     let name = format!("{}-{}-device.json", resource.replace('/', "-"), device.replace('/', "-"));
-    PathBuf::from(plexus_cni::paths::DEVICE_INFO_DP_DIR).join(name)
+    PathBuf::from(plexus_node::paths::DEVICE_INFO_DP_DIR).join(name)
 }
 
 /// The pod, as the runtime names it in `CNI_ARGS`.
@@ -432,8 +433,10 @@ impl<'r> Planned<'r> {
 mod multus_cases {
     use std::collections::BTreeMap;
 
-    use plexus_cni::{CniEnv, NetConf, Policy, Request, SpecVersion};
+    use plexus_cni::{CniEnv, NetConf, SpecVersion};
     use plexus_k8s::Nad;
+    use plexus_node::Policy;
+    use plexus_plugin::Request;
     use serde_json::{Value, json};
 
     use super::*;
@@ -473,20 +476,31 @@ mod multus_cases {
     fn request(meta: &Value, pod_ns: &str) -> Request {
         let stdin = serde_json::to_vec(meta).unwrap();
         let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME=testpod");
-        let env = CniEnv::from_lookup(|k| {
-            Some(match k {
-                "CNI_COMMAND" => "ADD".into(),
-                "CNI_CONTAINERID" => "123456789".into(),
-                "CNI_NETNS" => "/var/run/netns/pod".into(),
-                "CNI_IFNAME" => "eth0".into(),
-                "CNI_PATH" => "/opt/cni/bin".into(),
-                "CNI_ARGS" => args.clone(),
-                _ => return None,
-            })
-        })
+        let env = CniEnv::from_lookup(
+            |k| {
+                Some(match k {
+                    "CNI_COMMAND" => "ADD".into(),
+                    "CNI_CONTAINERID" => "123456789".into(),
+                    "CNI_NETNS" => "/var/run/netns/pod".into(),
+                    "CNI_IFNAME" => "eth0".into(),
+                    "CNI_PATH" => "/opt/cni/bin".into(),
+                    "CNI_ARGS" => args.clone(),
+                    _ => return None,
+                })
+            },
+            std::time::Duration::from_secs(60),
+        )
         .unwrap();
         let config = NetConf::parse(&stdin).unwrap();
-        Request { env, version: SpecVersion::LATEST, config, stdin, policy: Policy::default(), log: Default::default() }
+        Request {
+            env,
+            version: SpecVersion::LATEST,
+            config,
+            stdin,
+            policy: Policy::default(),
+            log: Default::default(),
+            runner: Default::default(),
+        }
     }
 
     /// (delegate name, plugin type, ifname, cluster network) of each attachment, or the error message.

@@ -8,7 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use plexus_cni::{CniResult, Command, Error, Plugin, Request};
+use plexus_cni::{CniResult, Command, Error};
+use plexus_plugin::builtin::Runner;
+use plexus_plugin::{Plugin, Request};
 
 use crate::{Meta, wire};
 
@@ -31,14 +33,14 @@ pub enum Forwarded {
 /// read or checked — the daemon runs the very same entry point on the same environment and stdin,
 /// so what it prints is printed as it is. Anything short of an answer (no `daemonSocket`, no
 /// daemon, not taken in time, lost mid-request) goes through the entry point here, the meta-plugin
-/// wrapped in [`NotAnswered`] when the daemon was tried, so that why is logged in the request's
+/// wrapped in `NotAnswered` when the daemon was tried, so that why is logged in the request's
 /// log and a lost ADD fails; the request is never sent twice.
 pub fn run() -> std::process::ExitCode {
     use std::process::ExitCode;
     let mut stdin = Vec::new();
     let read = std::io::stdin()
         .lock()
-        .take(plexus_cni::plugin::STDIN_MAX_BYTES as u64 + 1)
+        .take(plexus_plugin::STDIN_MAX_BYTES as u64 + 1)
         .read_to_end(&mut stdin)
         .map_err(|e| e.to_string());
     let thin = Meta::thin();
@@ -68,9 +70,10 @@ pub fn run() -> std::process::ExitCode {
         Ok(_) => Box::new(stdin.as_slice()),
         Err(e) => Box::new(FailingRead(e)),
     };
-    ExitCode::from(plexus_cni::plugin::dispatch(
+    ExitCode::from(plexus_plugin::dispatch(
         crate::ABOUT,
         plugin,
+        &Runner::default(),
         |k: &str| std::env::var(k).ok(),
         &mut input,
         &mut std::io::stdout().lock(),
@@ -148,7 +151,7 @@ fn daemon_socket_of(stdin: &[u8]) -> Option<std::path::PathBuf> {
     if command.eq_ignore_ascii_case("VERSION") || crate::conf::running_as_delegate() {
         return None;
     }
-    if stdin.len() > plexus_cni::plugin::STDIN_MAX_BYTES {
+    if stdin.len() > plexus_plugin::STDIN_MAX_BYTES {
         return None;
     }
     serde_json::from_slice::<Keys>(stdin).ok()?.daemon_socket.filter(|s| !s.as_os_str().is_empty())
@@ -240,7 +243,7 @@ mod tests {
 
     /// An invocation with a daemon socket in its config and nothing else to attach.
     fn request(command: &str, dir: &Path) -> Request {
-        plexus_cni::testing::request(
+        plexus_plugin::testing::request(
             &[
                 ("CNI_COMMAND", command),
                 ("CNI_CONTAINERID", "c1"),
@@ -250,7 +253,7 @@ mod tests {
             ],
             &json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus",
                     "daemonSocket": dir.join("daemon.sock"), "cniDir": dir}),
-            plexus_cni::Policy::default(),
+            plexus_node::Policy::default(),
         )
     }
 

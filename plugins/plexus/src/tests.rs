@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use plexus_cni::undo::Undo;
-use plexus_cni::{CniEnv, CniResult, Command, Error, Policy};
+use plexus_cni::{CniResult, Command, Error};
+use plexus_node::Policy;
+use plexus_plugin::undo::Undo;
 use serde_json::{Value, json};
 
 use super::{Step, attach_all, delete_all, roll_back};
-use crate::attachment::Attachment;
+use crate::attachment::{Attachment, DelegateEnv};
 use crate::cache::{self, Cache};
 use crate::delegates::Delegates;
 use crate::plan::Pod;
@@ -38,7 +39,7 @@ impl Fake {
 }
 
 impl Delegates for Fake {
-    fn add(&self, a: &Attachment, _: &CniEnv) -> Result<(CniResult, Value), Error> {
+    fn add(&self, a: &Attachment, _: &DelegateEnv) -> Result<(CniResult, Value), Error> {
         self.calls.lock().unwrap().push((Command::Add, a.network.clone()));
         let mut running = self.running.lock().unwrap();
         *running += 1;
@@ -57,7 +58,7 @@ impl Delegates for Fake {
         Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
     }
 
-    fn del(&self, a: &Attachment, _: &CniEnv) -> Result<(), Error> {
+    fn del(&self, a: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
         self.calls.lock().unwrap().push((Command::Del, a.network.clone()));
         match self.refuse_del.iter().find(|(n, _)| *n == a.network) {
             Some((n, code)) => Err(Error::new(*code, format!("{n} is stuck"))),
@@ -65,7 +66,7 @@ impl Delegates for Fake {
         }
     }
 
-    fn check(&self, a: &Attachment, _: &CniEnv) -> Result<(), Error> {
+    fn check(&self, a: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
         self.calls.lock().unwrap().push((Command::Check, a.network.clone()));
         Ok(())
     }
@@ -83,7 +84,7 @@ fn attachments(rails: usize) -> Vec<Attachment> {
     all
 }
 
-fn env() -> CniEnv {
+fn env() -> DelegateEnv {
     let vars = [
         ("CNI_COMMAND", "ADD"),
         ("CNI_CONTAINERID", "c1"),
@@ -91,12 +92,12 @@ fn env() -> CniEnv {
         ("CNI_IFNAME", "eth0"),
         ("CNI_PATH", "/nonexistent"),
     ];
-    plexus_cni::testing::request(
+    let req = plexus_plugin::testing::request(
         &vars,
         &json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus"}),
         Policy::default(),
-    )
-    .env
+    );
+    DelegateEnv { cni: req.env, runner: req.runner }
 }
 
 /// Meta::add's steps around the delegates: the cache written, its removal and each group

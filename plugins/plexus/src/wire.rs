@@ -25,7 +25,7 @@ pub const NOT_TAKEN: u8 = b'-';
 /// The shim waits for the daemon's answer.
 pub const GO: u8 = b'+';
 /// The most a request may be: the largest config a plugin reads plus room for the environment.
-pub const REQUEST_MAX_BYTES: usize = plexus_cni::plugin::STDIN_MAX_BYTES + 64 * 1024;
+pub const REQUEST_MAX_BYTES: usize = plexus_plugin::STDIN_MAX_BYTES + 64 * 1024;
 
 /// What the shim was invoked with.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -50,13 +50,13 @@ pub const OVERRUN_GRACE: std::time::Duration = std::time::Duration::from_secs(1)
 /// The variables a request carries: what the runtime sets for a plugin, the node policy's path,
 /// and a deadline the runtime's environment already had.
 pub fn forwarded(key: &str) -> bool {
-    key.starts_with("CNI_") || key == plexus_cni::paths::POLICY_ENV || key == plexus_cni::deadline::DEADLINE_ENV
+    key.starts_with("CNI_") || key == plexus_node::paths::POLICY_ENV || key == plexus_cni::deadline::DEADLINE_ENV
 }
 
 /// The deadline of a request with the environment `env`: the node policy's request timeout from
 /// now, or sooner if the environment says so. A policy that cannot be read leaves the default
 /// (the request itself then fails on it).
 pub fn deadline(env: impl Fn(&str) -> Option<String>) -> plexus_cni::Deadline {
-    let limits = plexus_cni::Policy::load(&env).map(|p| p.limits).unwrap_or_default();
+    let limits = plexus_node::Policy::load(&env).map(|p| p.limits).unwrap_or_default();
     plexus_cni::Deadline::from_env(env, limits.request_timeout())
 }

@@ -7,8 +7,8 @@
 
 use std::process::ExitCode;
 
-use plexus_cni::delegate;
-use plexus_cni::{About, CniResult, Command, Error, Interface, Plugin, Request};
+use plexus_cni::{CniResult, Command, Error, Interface};
+use plexus_plugin::{About, Plugin, Request};
 
 struct TestPlugin;
 
@@ -21,7 +21,7 @@ impl TestPlugin {
 
     fn forward(&self, req: &Request) -> Result<Option<CniResult>, Error> {
         match req.config.ipam_type() {
-            Some(ipam) => delegate::exec(ipam, req.env.command, &req.env, &req.config.to_value()),
+            Some(ipam) => req.runner.exec(ipam, req.env.command, &req.env, &req.config.to_value()),
             None => Ok(None),
         }
     }
@@ -70,7 +70,7 @@ impl Plugin for TestPlugin {
 }
 
 fn main() -> ExitCode {
-    plexus_cni::plugin::run(
+    plexus_plugin::run(
         About { name: "plexus-test-plugin", version: env!("CARGO_PKG_VERSION"), build: None },
         &TestPlugin,
     )

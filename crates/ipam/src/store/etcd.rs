@@ -120,7 +120,8 @@ impl EtcdStore {
         what: &str,
         fut: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, IpamError> {
-        plexus_cni::fault::at(plexus_cni::fault::Point::Etcd).map_err(|e| unavailable(format!("etcd {what}: {e}")))?;
+        plexus_node::fault::at(plexus_node::fault::Point::Etcd)
+            .map_err(|e| unavailable(format!("etcd {what}: {e}")))?;
         match tokio::time::timeout(self.timeout, fut).await {
             Err(_) => Err(unavailable(format!("etcd {what}: no answer within {:?}", self.timeout))),
             Ok(Err(e)) => Err(unavailable(format!("etcd {what}: {e}"))),

@@ -1,7 +1,7 @@
 //! The node-local file store (default): one directory per allocation domain under `dataDir`.
 //!
 //! ```text
-//! <dataDir>/.plexus-data                   the mark of a tenant's directory (plexus_cni::datadir)
+//! <dataDir>/.plexus-data                   the mark of a tenant's directory (plexus_node::datadir)
 //! <dataDir>/<domain>/lock                  flock held for every operation
 //! <dataDir>/<domain>/ips/<key>             one file per allocated address: the reservation
 //! <dataDir>/<domain>/attachments/<cid>=<ifname>   the attachment's record: what it holds
@@ -11,7 +11,7 @@
 //! ```
 //!
 //! `dataDir` is the admin's (the default, a store profile's) or a tenant's data directory, which
-//! is a marked direct child of a data root ([`plexus_cni::datadir`]); it is opened beneath its
+//! is a marked direct child of a data root ([`plexus_node::datadir`]); it is opened beneath its
 //! root without following symlinks, and so is every directory below. A domain's directories are
 //! opened once its lock is held, and used through their descriptors. Temp files are created
 //! `O_EXCL|O_NOFOLLOW`, the sweep removes only plexus's own temp names, and every file is
@@ -41,8 +41,8 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, fstat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 use plexus_cni::Deadline;
-use plexus_cni::datadir::DataDir;
-use plexus_cni::files::{self, SafeDir};
+use plexus_node::datadir::DataDir;
+use plexus_node::files::{self, SafeDir};
 
 use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store, key_safe};
 use crate::error::IpamError;
@@ -101,7 +101,7 @@ impl FileStore {
         let data = DataDir::admin(dir, true)
             .map_err(|e| IpamError::Store(format!("open store {}: {e}", dir.display())))?
             .expect("created");
-        let limit = plexus_cni::policy::Limits::default().request_timeout();
+        let limit = plexus_node::policy::Limits::default().request_timeout();
         FileStore::open(data, domain, Deadline::after(limit))
     }
 
@@ -618,7 +618,7 @@ fn open_lock(dir: &SafeDir, create: bool) -> std::io::Result<Option<File>> {
 
 /// Remove a store file (a write to the store: it passes a fault-injection point).
 fn unlink(path: &Path) -> std::io::Result<()> {
-    plexus_cni::fault::at(plexus_cni::fault::Point::FileWrite)?;
+    plexus_node::fault::at(plexus_node::fault::Point::FileWrite)?;
     fs::remove_file(path)
 }
 

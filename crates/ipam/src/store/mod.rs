@@ -9,8 +9,9 @@ pub mod kubernetes;
 use std::net::IpAddr;
 use std::path::Path;
 
-use plexus_cni::datadir::{DataDir, Kind};
-use plexus_cni::{Deadline, Policy};
+use plexus_cni::Deadline;
+use plexus_node::Policy;
+use plexus_node::datadir::{DataDir, Kind};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{IpamConfig, StoreConfig};
@@ -29,7 +30,7 @@ pub struct Context<'a> {
 
 impl<'a> Context<'a> {
     /// A plugin invocation's.
-    pub fn of(req: &'a plexus_cni::Request) -> Context<'a> {
+    pub fn of(req: &'a plexus_plugin::Request) -> Context<'a> {
         Context { policy: &req.policy, namespace: req.pod_namespace(), deadline: req.env.deadline }
     }
 }

@@ -8,7 +8,7 @@ use netlink_packet_route::link::{
 };
 use rtnetlink::{LinkMacVlan, LinkUnspec};
 
-pub use plexus_cni::hw::{format_mac, parse_mac};
+pub use plexus_node::hw::{format_mac, parse_mac};
 
 use super::{IpFamily, LinkSocket, MAIN_TABLE};
 use crate::error::Result;

@@ -82,7 +82,7 @@ impl LinkSocket {
     }
 
     async fn request(&self, op: &str, msg: RouteNetlinkMessage, flags: u16) -> Result<Vec<RouteNetlinkMessage>> {
-        plexus_cni::fault::at(plexus_cni::fault::Point::Netlink)
+        plexus_node::fault::at(plexus_node::fault::Point::Netlink)
             .map_err(|e| NetError::Protocol { op: op.into(), msg: e.to_string() })?;
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = flags;

@@ -21,8 +21,8 @@ use std::sync::Mutex;
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::DefaultGuard;
 
-use crate::config::NetConf;
-use crate::policy::Policy;
+use plexus_cni::config::NetConf;
+use plexus_node::policy::Policy;
 
 /// The log file the meta-plugin hands its delegates.
 pub const LOG_FILE_ENV: &str = "PLEXUS_LOG_FILE";

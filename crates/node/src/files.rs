@@ -14,7 +14,7 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, mkdirat};
 
-use crate::error::Error;
+use plexus_cni::error::Error;
 
 /// Create `path` as a new private file (0600), open for writing: `O_EXCL|O_NOFOLLOW`, so a file
 /// or symlink planted under that name is never written through. A leftover of the same name (a

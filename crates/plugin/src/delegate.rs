@@ -2,7 +2,7 @@
 //! `pkg/invoke` does. The delegate inherits this process's environment with the `CNI_*`
 //! variables replaced by the ones given.
 //!
-//! Unlike libcni, a delegate runs within the request's deadline ([`crate::deadline`]): it runs in
+//! Unlike libcni, a delegate runs within the request's deadline ([`plexus_cni::deadline`]): it runs in
 //! a process group of its own, and when it has not finished by then (it hangs, it spins, it prints
 //! nothing) the whole group is killed and the delegation fails with code 11. The group is killed
 //! when the delegate ends as well, so nothing it started outlives the request; its output is read
@@ -14,35 +14,22 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::env::{CniEnv, Command};
-use crate::error::{Error, code};
-use crate::result::CniResult;
+use plexus_cni::env::{CniEnv, Command};
+
+use crate::builtin::Runner;
+use crate::plugin::NOT_PLUGINS;
+use plexus_cni::error::{Error, code};
+use plexus_cni::result::CniResult;
 
 /// How much of a failed delegate's unstructured output an error repeats.
 const OUTPUT_EXCERPT: usize = 2048;
 
 /// The most a delegate may print on stdout or stderr: beyond it, it is killed (a result is a few
 /// KiB; the bound keeps a delegate that prints forever from growing the caller's memory).
-pub const OUTPUT_MAX: usize = crate::plugin::STDIN_MAX_BYTES;
-
-/// plexus's own binaries that are not CNI plugins: never run as a delegate (a network naming one
-/// as its `type` is refused, code 7, before anything runs). Each of them also refuses to run when
-/// it finds `CNI_COMMAND` in its environment, whatever name it was installed under.
-pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl"];
-
-/// Whether delegates die with the thread that runs them (a long-running parent).
-static DIE_WITH_PARENT: OnceLock<()> = OnceLock::new();
-
-/// Have every delegate of this process killed (SIGKILL) when the thread that started it ends:
-/// a daemon that is killed mid-request must not leave delegates running on, racing the DEL the
-/// runtime sends next (what a killed delegate leaves, DEL removes). Set once, at start.
-pub fn delegates_die_with_parent() {
-    let _ = DIE_WITH_PARENT.set(());
-}
+pub const OUTPUT_MAX: usize = crate::STDIN_MAX_BYTES;
 
 /// Refuse a `type` that is one of plexus's own binaries that are not plugins (code 7).
 pub fn refuse_not_plugin(plugin_type: &str) -> Result<(), Error> {
@@ -74,17 +61,67 @@ fn is_executable_file(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// Run `plugin_type` for `command` with `config` on stdin and `env` as its CNI environment.
-/// ADD returns the delegate's result (in whatever version it printed); the other verbs `None`.
-pub fn exec(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Option<CniResult>, Error> {
-    start_delegate(plugin_type, command, env, config, Waited::Now)?.wait()
+impl Runner {
+    /// Run `plugin_type` for `command` with `config` on stdin and `env` as its CNI environment.
+    /// ADD returns the delegate's result (in whatever version it printed); the other verbs `None`.
+    pub fn exec(
+        &self,
+        plugin_type: &str,
+        command: Command,
+        env: &CniEnv,
+        config: &Value,
+    ) -> Result<Option<CniResult>, Error> {
+        self.start(plugin_type, command, env, config, Waited::Now)?.wait()
+    }
+
+    /// Start `plugin_type` for `command`; [`Running::wait`] collects its outcome.
+    pub fn spawn(&self, plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Running, Error> {
+        self.start(plugin_type, command, env, config, Waited::Later)
+    }
+
+    fn start(
+        &self,
+        plugin_type: &str,
+        command: Command,
+        env: &CniEnv,
+        config: &Value,
+        waited: Waited,
+    ) -> Result<Running, Error> {
+        let binary = find_plugin(plugin_type, &env.path)?;
+        plexus_node::fault::at(plexus_node::fault::Point::Exec)?;
+        // Out of time a moment before this request: what ran out is still reported.
+        let env = &CniEnv { deadline: env.deadline.a_moment_before(), ..env.clone() };
+        let stdin =
+            serde_json::to_vec(config).map_err(|e| Error::internal(format!("encoding delegate config: {e}")))?;
+        let failed =
+            |e: std::io::Error| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}"));
+        let run = match self.lookup(&binary) {
+            Some(builtin) => {
+                tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating, in-process");
+                let env = child_env(command, env).map_err(failed)?;
+                match waited {
+                    Waited::Now => Run::Ran(crate::builtin::run(builtin, self, &env, &stdin)),
+                    Waited::Later => {
+                        Run::InProcess(crate::builtin::start(builtin, self.clone(), env, stdin).map_err(failed)?)
+                    }
+                }
+            }
+            None => {
+                tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
+                let (child, feeder) =
+                    start(&binary, command, env, stdin, self.delegates_die_with_parent()).map_err(failed)?;
+                Run::Child { child, feeder }
+            }
+        };
+        Ok(Running { plugin_type: plugin_type.to_string(), command, run, deadline: env.deadline, runner: self.clone() })
+    }
 }
 
 /// Forward `command` to the config's IPAM plugin, if it names one (the spec: CHECK, DEL, GC and
 /// STATUS go to the delegates too).
 pub fn forward_to_ipam(req: &crate::Request, command: Command) -> Result<(), Error> {
     match req.config.ipam_type() {
-        Some(ipam) => exec(ipam, command, &req.env, &req.config.to_value()).map(|_| ()),
+        Some(ipam) => req.runner.exec(ipam, command, &req.env, &req.config.to_value()).map(|_| ()),
         None => Ok(()),
     }
 }
@@ -96,8 +133,10 @@ pub fn del_with_ipam(req: &crate::Request, teardown: impl FnOnce() -> Result<(),
     let config = req.config.to_value();
     let ipam = match req.config.ipam_type() {
         None => Ok(None),
-        Some(t) if IPAM_NEEDING_THE_INTERFACE.contains(&t) => exec(t, Command::Del, &req.env, &config).map(|_| None),
-        Some(t) => spawn(t, Command::Del, &req.env, &config).map(Some),
+        Some(t) if IPAM_NEEDING_THE_INTERFACE.contains(&t) => {
+            req.runner.exec(t, Command::Del, &req.env, &config).map(|_| None)
+        }
+        Some(t) => req.runner.spawn(t, Command::Del, &req.env, &config).map(Some),
     };
     let torn_down = teardown();
     let ipam = ipam.and_then(|running| running.map_or(Ok(()), |r| r.wait().map(|_| ())));
@@ -110,7 +149,9 @@ pub struct Running {
     plugin_type: String,
     command: Command,
     run: Run,
-    deadline: crate::Deadline,
+    deadline: plexus_cni::Deadline,
+    /// The runner it was started by: an in-process run that overruns gives up its in-process runs.
+    runner: Runner,
 }
 
 /// How a delegate runs: its binary as a child process, or (a plugin this process carries, of
@@ -130,47 +171,11 @@ enum Waited {
     Later,
 }
 
-/// Start `plugin_type` for `command`; [`Running::wait`] collects its outcome.
-pub fn spawn(plugin_type: &str, command: Command, env: &CniEnv, config: &Value) -> Result<Running, Error> {
-    start_delegate(plugin_type, command, env, config, Waited::Later)
-}
-
-fn start_delegate(
-    plugin_type: &str,
-    command: Command,
-    env: &CniEnv,
-    config: &Value,
-    waited: Waited,
-) -> Result<Running, Error> {
-    let binary = find_plugin(plugin_type, &env.path)?;
-    crate::fault::at(crate::fault::Point::Exec)?;
-    // Out of time a moment before this request: what ran out is still reported.
-    let env = &CniEnv { deadline: env.deadline.a_moment_before(), ..env.clone() };
-    let stdin = serde_json::to_vec(config).map_err(|e| Error::internal(format!("encoding delegate config: {e}")))?;
-    let failed = |e: std::io::Error| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}"));
-    let run = match crate::builtin::lookup(&binary) {
-        Some(builtin) => {
-            tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating, in-process");
-            let env = child_env(command, env).map_err(failed)?;
-            match waited {
-                Waited::Now => Run::Ran(crate::builtin::run(builtin, &env, &stdin)),
-                Waited::Later => Run::InProcess(crate::builtin::start(builtin, env, stdin).map_err(failed)?),
-            }
-        }
-        None => {
-            tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
-            let (child, feeder) = start(&binary, command, env, stdin).map_err(failed)?;
-            Run::Child { child, feeder }
-        }
-    };
-    Ok(Running { plugin_type: plugin_type.to_string(), command, run, deadline: env.deadline })
-}
-
 impl Running {
     /// Wait for the delegate: ADD yields its result, the other verbs `None`; a failure yields the
     /// delegate's own CNI error.
     pub fn wait(self) -> Result<Option<CniResult>, Error> {
-        let Running { plugin_type, command, run, deadline } = self;
+        let Running { plugin_type, command, run, deadline, runner } = self;
         let failed = |e: String| Error::new(code::DELEGATE_FAILED, format!("running plugin {plugin_type:?}: {e}"));
         let out = match run {
             Run::Child { child, feeder } => {
@@ -191,7 +196,7 @@ impl Running {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     // A thread cannot be killed: it is left, and no delegate runs in-process from
                     // now on (a process can be killed at its deadline).
-                    crate::builtin::give_up(&format!("plugin {plugin_type:?} ({command}) overran its deadline"));
+                    runner.give_up(&format!("plugin {plugin_type:?} ({command}) overran its deadline"));
                     return Err(
                         deadline.expired(format!("plugin {plugin_type:?} ({command}, in-process) did not finish"))
                     );
@@ -234,7 +239,7 @@ fn child_env(command: Command, env: &CniEnv) -> std::io::Result<HashMap<String, 
         ("CNI_ARGS", Some(env.args.to_env_string())),
         ("CNI_PATH", Some(path)),
         ("CNI_NETNS", env.netns.as_ref().map(|ns| ns.display().to_string())),
-        (crate::deadline::DEADLINE_ENV, Some(env.deadline.to_env())),
+        (plexus_cni::deadline::DEADLINE_ENV, Some(env.deadline.to_env())),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -248,6 +253,7 @@ fn start(
     command: Command,
     env: &CniEnv,
     stdin: Vec<u8>,
+    die_with_parent: bool,
 ) -> std::io::Result<(Child, Option<std::thread::JoinHandle<()>>)> {
     let mut cmd = Process::new(binary);
     for (k, v) in child_env(command, env)? {
@@ -260,7 +266,7 @@ fn start(
     // A group of its own: at its deadline, and when it ends, the group is killed, so nothing it
     // started outlives the request.
     cmd.process_group(0);
-    if DIE_WITH_PARENT.get().is_some() {
+    if die_with_parent {
         let parent = nix::unistd::getpid();
         // SAFETY: between fork and exec only prctl(2) and getppid(2): no allocation, no lock.
         unsafe {
@@ -317,7 +323,7 @@ fn exit_fd(pid: i32) -> Option<std::os::fd::OwnedFd> {
 /// may hold them open: what the child wrote is in the pipes by then), then wait for it to exit,
 /// all by the deadline; then kill its group (before the child is reaped, so the group's ID is
 /// still its own) and reap it.
-fn collect(mut child: Child, deadline: crate::Deadline) -> Result<std::process::Output, Collected> {
+fn collect(mut child: Child, deadline: plexus_cni::Deadline) -> Result<std::process::Output, Collected> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl};
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
@@ -471,22 +477,30 @@ const IPAM_NEEDING_THE_INTERFACE: &[&str] = &["dhcp"];
 impl IpamStep {
     /// Start the IPAM ADD now when it can run ahead of the interface. It is given the
     /// request's deadline less the time its undo (an IPAM DEL) keeps back.
-    pub fn start_early(req_env: &CniEnv, config: &crate::NetConf) -> Result<IpamStep, Error> {
+    pub fn start_early(req: &crate::Request) -> Result<IpamStep, Error> {
+        let config = &req.config;
         match config.ipam_type() {
             None => Ok(IpamStep::None),
             Some(t) if IPAM_NEEDING_THE_INTERFACE.contains(&t) => Ok(IpamStep::Pending(t.to_string())),
-            Some(t) => Ok(IpamStep::Running(spawn(t, Command::Add, &keeping_for_undo(req_env), &config.to_value())?)),
+            Some(t) => Ok(IpamStep::Running(req.runner.spawn(
+                t,
+                Command::Add,
+                &keeping_for_undo(&req.env),
+                &config.to_value(),
+            )?)),
         }
     }
 
     /// The IPAM result (empty for L2 only), running the ADD now if it has not started.
-    pub fn result(&mut self, env: &CniEnv, config: &crate::NetConf) -> Result<CniResult, Error> {
+    pub fn result(&mut self, req: &crate::Request) -> Result<CniResult, Error> {
         let outcome = match std::mem::replace(self, IpamStep::Ran) {
             IpamStep::None => {
                 *self = IpamStep::None;
                 return Ok(CniResult::default());
             }
-            IpamStep::Pending(t) => exec(&t, Command::Add, &keeping_for_undo(env), &config.to_value()),
+            IpamStep::Pending(t) => {
+                req.runner.exec(&t, Command::Add, &keeping_for_undo(&req.env), &req.config.to_value())
+            }
             IpamStep::Running(r) => r.wait(),
             IpamStep::Ran => return Err(Error::internal("IPAM result collected twice")),
         };
@@ -494,7 +508,7 @@ impl IpamStep {
     }
 
     /// Undo: wait for an ADD still running, then DEL if an ADD ran.
-    pub fn roll_back(self, env: &CniEnv, config: &crate::NetConf) -> Result<(), Error> {
+    pub fn roll_back(self, req: &crate::Request) -> Result<(), Error> {
         let ran = match self {
             IpamStep::None | IpamStep::Pending(_) => false,
             IpamStep::Running(r) => {
@@ -504,11 +518,13 @@ impl IpamStep {
             }
             IpamStep::Ran => true,
         };
-        match config.ipam_type() {
+        match req.config.ipam_type() {
             Some(t) if ran => {
-                let mut del_env = env.clone();
-                del_env.command = Command::Del;
-                exec(t, Command::Del, &del_env, &config.to_value()).map(|_| ()).map_err(|e| e.context("IPAM DEL"))
+                let del_env = CniEnv { command: Command::Del, ..req.env.clone() };
+                req.runner
+                    .exec(t, Command::Del, &del_env, &req.config.to_value())
+                    .map(|_| ())
+                    .map_err(|e| e.context("IPAM DEL"))
             }
             _ => Ok(()),
         }

@@ -5,7 +5,7 @@
 
 use std::fmt::Display;
 
-use crate::Error;
+use plexus_cni::Error;
 
 /// The completed steps of one ADD, to undo if it fails. `S` names a step and what undoing it
 /// needs; its `Display` names it in the report.
@@ -103,14 +103,14 @@ mod tests {
         undo.push(Step::B);
         undo.push(Step::C);
         let mut order = Vec::new();
-        let cause = Error::new(crate::code::KERNEL, "add route").with_details("EEXIST");
+        let cause = Error::new(plexus_cni::code::KERNEL, "add route").with_details("EEXIST");
         let err = undo.unwind(cause, |s| {
             let failed = s != Step::B;
             order.push(s);
             if failed { Err(Error::internal("gone wrong")) } else { Ok(()) }
         });
         assert_eq!(order, vec![Step::C, Step::B, Step::A], "every undo ran, last first");
-        assert_eq!((err.code, err.msg.as_str()), (crate::code::KERNEL, "add route"));
+        assert_eq!((err.code, err.msg.as_str()), (plexus_cni::code::KERNEL, "add route"));
         assert_eq!(err.details, "EEXIST; rollback failed: step C: gone wrong; step A: gone wrong");
     }
 

@@ -1,12 +1,14 @@
 //! A plugin the process carries runs in-process exactly while the binary a delegation finds says
 //! it is that plugin of this build; its answer, its environment and its failures are a child's.
-//! (Each test says what its process carries; the carried set is the same in every test.)
+//! Which plugins run in-process is a [`Runner`]'s, handed to each request: each test makes its own,
+//! and what one runner learns or gives up is not another's.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use plexus_cni::builtin::{self, Builtin};
-use plexus_cni::{About, CniArgs, CniEnv, CniResult, Command, Error, IpConfig, Plugin, Request, code, delegate};
+use plexus_cni::{CniArgs, CniEnv, CniResult, Command, Error, IpConfig, code};
+use plexus_plugin::builtin::{Builtin, Runner};
+use plexus_plugin::{About, Plugin, Request};
 use serde_json::json;
 
 const NAME: &str = "probe-plugin";
@@ -31,6 +33,8 @@ impl Plugin for InProcess {
         });
         let file = req.log.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default();
         r.dns.domain = format!("{file} {}", req.log.level.as_deref().unwrap_or_default());
+        // How its own delegates would run (plexus-macvlan's IPAM, in plexus-daemon).
+        r.dns.search.push(format!("{:?}", req.runner));
         Ok(r)
     }
     fn del(&self, _req: &Request) -> Result<(), Error> {
@@ -81,9 +85,9 @@ fn env(dir: &Path, command: Command) -> CniEnv {
     }
 }
 
-fn add(dir: &Path) -> CniResult {
+fn add(runner: &Runner, dir: &Path) -> CniResult {
     let conf = json!({"cniVersion": "1.0.0", "name": "n", "type": NAME});
-    delegate::exec(NAME, Command::Add, &env(dir, Command::Add), &conf).unwrap().unwrap()
+    runner.exec(NAME, Command::Add, &env(dir, Command::Add), &conf).unwrap().unwrap()
 }
 
 fn address(r: &CniResult) -> String {
@@ -92,10 +96,10 @@ fn address(r: &CniResult) -> String {
 
 #[test]
 fn a_carried_plugin_runs_in_process_only_while_its_binary_says_it_is_this_build() {
+    let runner = Runner::parent(&CARRIED);
     let dir = tempfile::tempdir().unwrap();
     install(dir.path(), BUILD);
-    builtin::carry(&CARRIED);
-    let r = add(dir.path());
+    let r = add(&runner, dir.path());
     assert_eq!(address(&r), "198.18.0.2/24", "the binary is this build: in-process");
     assert_eq!(r.interfaces[0].name, "net1/c1/pod-1", "the CNI environment is the delegation's");
     assert_eq!(r.interfaces[0].sandbox.as_deref(), Some("/var/run/netns/pod-1"));
@@ -107,26 +111,26 @@ fn a_carried_plugin_runs_in_process_only_while_its_binary_says_it_is_this_build(
     // Another build installed over it (a new file): seen at the next delegation.
     std::thread::sleep(std::time::Duration::from_millis(10));
     install(dir.path(), "fedcba9876543210");
-    assert_eq!(address(&add(dir.path())), "198.18.0.1/24", "another build: exec'd");
+    assert_eq!(address(&add(&runner, dir.path())), "198.18.0.1/24", "another build: exec'd");
     install(dir.path(), BUILD);
-    assert_eq!(address(&add(dir.path())), "198.18.0.2/24");
+    assert_eq!(address(&add(&runner, dir.path())), "198.18.0.2/24");
 }
 
 #[test]
 fn a_wrapper_that_execs_the_plugin_and_a_binary_of_another_name_are_execd() {
-    builtin::carry(&CARRIED);
+    let runner = Runner::parent(&CARRIED);
     let dir = tempfile::tempdir().unwrap();
     // What answers is another executable than the file delegated to (a wrapper script that execs
     // the plugin): the wrapper's own steps must run, so it is exec'd.
     install_as(dir.path(), BUILD, "/bin/sh");
-    assert_eq!(address(&add(dir.path())), "198.18.0.1/24", "a wrapper");
+    assert_eq!(address(&add(&runner, dir.path())), "198.18.0.1/24", "a wrapper");
     let path = install(dir.path(), BUILD);
     let renamed =
         std::fs::read_to_string(&path).unwrap().replace(&format!("{NAME} {BUILD}"), &format!("other {BUILD}"));
     std::fs::write(dir.path().join(".other"), renamed).unwrap();
     std::fs::set_permissions(dir.path().join(".other"), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::rename(dir.path().join(".other"), &path).unwrap();
-    assert_eq!(address(&add(dir.path())), "198.18.0.1/24", "another plugin of this build");
+    assert_eq!(address(&add(&runner, dir.path())), "198.18.0.1/24", "another plugin of this build");
     // A file of another name is never asked, even one that would say it is the carried plugin.
     let asked = dir.path().join("asked");
     let other = dir.path().join("other-plugin");
@@ -138,29 +142,29 @@ fn a_wrapper_that_execs_the_plugin_and_a_binary_of_another_name_are_execd() {
     std::fs::write(&other, script).unwrap();
     std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
     let conf = json!({"cniVersion": "1.0.0", "name": "n", "type": "other-plugin"});
-    let r = delegate::exec("other-plugin", Command::Add, &env(dir.path(), Command::Add), &conf).unwrap().unwrap();
+    let r = runner.exec("other-plugin", Command::Add, &env(dir.path(), Command::Add), &conf).unwrap().unwrap();
     assert_eq!(address(&r), "198.18.0.3/24");
     assert!(!asked.exists(), "a plugin of another name was asked what it is");
 }
 
 #[test]
 fn an_in_process_plugin_fails_and_panics_as_its_binary_would() {
-    builtin::carry(&CARRIED);
+    let runner = Runner::parent(&CARRIED);
     let dir = tempfile::tempdir().unwrap();
     install(dir.path(), BUILD);
     let conf = json!({"cniVersion": "1.0.0", "name": "n", "type": NAME});
-    let e = delegate::exec(NAME, Command::Del, &env(dir.path(), Command::Del), &conf).unwrap_err();
+    let e = runner.exec(NAME, Command::Del, &env(dir.path(), Command::Del), &conf).unwrap_err();
     assert_eq!((e.code, e.msg.as_str()), (code::DELEGATE_FAILED, "in-process DEL says no"));
-    let e = delegate::exec(NAME, Command::Check, &env(dir.path(), Command::Check), &conf).unwrap_err();
+    let e = runner.exec(NAME, Command::Check, &env(dir.path(), Command::Check), &conf).unwrap_err();
     assert_eq!(e.code, code::INTERNAL);
     assert!(e.msg.contains("plugin panicked: a bug in the plugin"), "{e}");
     // ... and the process goes on: the next delegation is served.
-    assert_eq!(address(&add(dir.path())), "198.18.0.2/24");
+    assert_eq!(address(&add(&runner, dir.path())), "198.18.0.2/24");
 }
 
 #[test]
 fn a_binary_that_leaves_a_process_holding_its_output_is_not_waited_for() {
-    builtin::carry(&CARRIED);
+    let runner = Runner::parent(&CARRIED);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(NAME);
     let pid_file = dir.path().join("lingering.pid");
@@ -173,7 +177,7 @@ fn a_binary_that_leaves_a_process_holding_its_output_is_not_waited_for() {
     std::fs::write(&path, script).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     let started = std::time::Instant::now();
-    let r = add(dir.path());
+    let r = add(&runner, dir.path());
     let took = started.elapsed();
     if let Ok(pid) = std::fs::read_to_string(&pid_file) {
         let _ =
@@ -181,4 +185,36 @@ fn a_binary_that_leaves_a_process_holding_its_output_is_not_waited_for() {
     }
     assert_eq!(address(&r), "198.18.0.2/24", "its answer was read: in-process");
     assert!(took < std::time::Duration::from_secs(10), "the delegation waited {took:?} for the lingering process");
+}
+
+#[test]
+fn a_plugin_run_in_process_delegates_as_its_parent_does() {
+    let runner = Runner::parent(&CARRIED);
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), BUILD);
+    let r = add(&runner, dir.path());
+    assert_eq!(address(&r), "198.18.0.2/24");
+    let said = &r.dns.search[0];
+    assert!(said.contains("parent") && said.contains(NAME), "the request's runner is not its parent's: {said}");
+}
+
+#[test]
+fn a_plugin_binarys_runner_execs_every_delegate_even_one_of_this_build() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), BUILD);
+    assert_eq!(address(&add(&Runner::default(), dir.path())), "198.18.0.1/24");
+    assert!(!Runner::default().given_up());
+}
+
+#[test]
+fn a_runner_that_gave_up_execs_from_then_on_and_others_do_not_follow() {
+    let (gave_up, other) = (Runner::parent(&CARRIED), Runner::parent(&CARRIED));
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), BUILD);
+    assert_eq!(address(&add(&gave_up, dir.path())), "198.18.0.2/24");
+    gave_up.give_up("a test's request overran");
+    assert!(gave_up.given_up() && gave_up.clone().given_up(), "a clone shares what its runner gave up");
+    assert_eq!(address(&add(&gave_up, dir.path())), "198.18.0.1/24", "given up: exec'd");
+    assert!(!other.given_up());
+    assert_eq!(address(&add(&other, dir.path())), "198.18.0.2/24", "another runner still runs it in-process");
 }

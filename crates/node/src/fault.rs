@@ -120,8 +120,8 @@ pub fn at(point: Point) -> Result<(), Injected> {
     }
 }
 
-impl From<Injected> for crate::Error {
-    fn from(e: Injected) -> crate::Error {
-        crate::Error::io(e.to_string())
+impl From<Injected> for plexus_cni::Error {
+    fn from(e: Injected) -> plexus_cni::Error {
+        plexus_cni::Error::io(e.to_string())
     }
 }

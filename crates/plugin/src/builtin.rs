@@ -1,11 +1,12 @@
-//! Plugins a long-running process carries and runs in-process (plexus-daemon's delegates).
+//! How a request's delegates run: the [`Runner`], and the plugins a long-running process carries
+//! and runs in-process (plexus-daemon's delegates).
 //!
 //! A delegate's process start costs about as much as the meta-plugin's whole work (0.8 ms on a
 //! 2-core machine), so plexus-daemon links plexus's own plugins and runs them on a thread of its
 //! own instead of exec'ing their binaries. The rule that keeps this exactly what exec would do:
 //! a delegation runs a carried plugin in-process only when the file it would exec *is* that
 //! plugin of this very build. Only a file named as a carried plugin is considered, and it is
-//! asked once: run with [`IDENTIFY_ENV`] and no
+//! asked once: run with [`crate::IDENTIFY_ENV`] and no
 //! `CNI_COMMAND`, a plexus plugin prints its name, its build and the device and inode of the
 //! executable the kernel runs (`/proc/self/exe`), and all four must match — the carried plugin's
 //! name and build, the file's device and inode. Anything else is exec'd as before: another
@@ -22,18 +23,23 @@
 //!
 //! In-process work is bounded work: the plugins end every loop and wait at the request's
 //! deadline, which they get in their environment as a process would. Should one ever overrun it
-//! anyway, a thread cannot be killed: the caller stops waiting for it and [`give_up`] makes every
-//! later delegation exec its binary, which can be.
+//! anyway, a thread cannot be killed: the caller stops waiting for it and [`Runner::give_up`]
+//! makes every later delegation of that runner exec its binary, which can be.
+//!
+//! Which plugins run in-process is a [`Runner`]'s, which a process hands to every request it
+//! dispatches ([`crate::dispatch`]): nothing here is global. A plugin binary's runner execs every
+//! delegate; plexus-daemon's carries the plugins it links.
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::files::FileStamp;
-use crate::plugin::{self, About, Plugin};
+use plexus_node::files::FileStamp;
+
+use crate::plugin::{self, About, IDENTIFY_ENV, Plugin};
 
 /// A plugin carried by this process.
 pub struct Builtin {
@@ -47,83 +53,102 @@ impl std::fmt::Debug for Builtin {
     }
 }
 
-static CARRIED: OnceLock<&'static [Builtin]> = OnceLock::new();
+/// How this process runs its delegates: what every request it dispatches gets
+/// ([`crate::Request::runner`]) and delegates with.
+///
+/// [`Runner::default`] is a plugin binary's: every delegate is exec'd. [`Runner::parent`] is a
+/// long-running parent's (plexus-daemon): its delegates die with the thread that started them,
+/// and the plugins it carries run in-process. Clones share what was learned (which binary is
+/// which plugin, whether in-process runs were given up).
+#[derive(Clone, Default)]
+pub struct Runner(Option<Arc<Parent>>);
 
-/// From now on, run `plugins` in-process whenever a delegation finds one of them, of this build,
-/// in `CNI_PATH`. Set once, at start; plugins without a build are never run in-process.
-pub fn carry(plugins: &'static [Builtin]) {
-    let _ = CARRIED.set(plugins);
+struct Parent {
+    carried: &'static [Builtin],
+    /// What each binary was found to be, while its file is unchanged.
+    seen: Mutex<HashMap<PathBuf, (FileStamp, Option<&'static Builtin>)>>,
+    /// Set once an in-process run overran its request's deadline: from then on every delegate is
+    /// exec'd (a process can be killed at its deadline, a thread cannot).
+    given_up: AtomicBool,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            None => f.write_str("Runner(exec)"),
+            Some(p) => {
+                let names: Vec<&str> = p.carried.iter().map(|b| b.about.name).collect();
+                write!(f, "Runner(parent, carrying {names:?}, given up: {})", p.given_up.load(Ordering::SeqCst))
+            }
+        }
+    }
 }
 
 /// How long a binary has to say what it is.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// What each binary was found to be, while its file is unchanged.
-type Seen = HashMap<PathBuf, (FileStamp, Option<&'static Builtin>)>;
-static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
-
-fn seen<T>(f: impl FnOnce(&mut Seen) -> T) -> T {
-    f(SEEN.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new))
-}
-
-/// Set once an in-process run overran its request's deadline: from then on every delegate is
-/// exec'd (a process can be killed at its deadline, a thread cannot).
-static GIVEN_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Stop running delegates in-process, for the rest of this process's life: `why` an in-process
-/// run could not be stopped (it overran its deadline). Its thread is left to end by itself.
-pub fn give_up(why: &str) {
-    if !GIVEN_UP.swap(true, std::sync::atomic::Ordering::SeqCst) {
-        tracing::error!("{why}: every delegate is exec'd from now on (a process can be killed at its deadline)");
+impl Runner {
+    /// A long-running parent's runner: every delegate dies (SIGKILL) when the thread that started
+    /// it ends — a parent killed mid-request must not leave delegates running on, racing the DEL
+    /// the runtime sends next — and `carried` run in-process whenever a delegation finds one of
+    /// them, of this build, in `CNI_PATH` (none: every delegate is exec'd). Plugins without a
+    /// build are never run in-process.
+    pub fn parent(carried: &'static [Builtin]) -> Runner {
+        Runner(Some(Arc::new(Parent { carried, seen: Mutex::default(), given_up: AtomicBool::new(false) })))
     }
-}
 
-/// Whether in-process runs were given up ([`give_up`]).
-pub fn given_up() -> bool {
-    GIVEN_UP.load(std::sync::atomic::Ordering::SeqCst)
-}
+    /// Whether delegates die with the thread that started them (a parent's).
+    pub(crate) fn delegates_die_with_parent(&self) -> bool {
+        self.0.is_some()
+    }
 
-/// The carried plugin `binary` is, when it is one of this build; `None` when nothing is carried,
-/// in-process runs were given up, or the binary is anything else.
-pub fn lookup(binary: &Path) -> Option<&'static Builtin> {
-    if given_up() {
-        return None;
+    /// Stop running delegates in-process, for the rest of this runner's life: `why` an
+    /// in-process run could not be stopped (it overran its deadline). Its thread is left to end
+    /// by itself.
+    pub fn give_up(&self, why: &str) {
+        if let Some(p) = &self.0
+            && !p.given_up.swap(true, Ordering::SeqCst)
+            && !p.carried.is_empty()
+        {
+            tracing::error!("{why}: every delegate is exec'd from now on (a process can be killed at its deadline)");
+        }
     }
-    let carried = CARRIED.get().filter(|c| !c.is_empty())?;
-    // Only a file named as a carried plugin is asked: any other plugin is exec'd unasked.
-    let name = binary.file_name()?.to_str()?;
-    if !carried.iter().any(|b| b.about.name == name) {
-        return None;
-    }
-    let id = FileStamp::of_path(binary)?;
-    if let Some((known, builtin)) = seen(|s| s.get(binary).copied())
-        && known == id
-    {
-        return builtin;
-    }
-    let builtin = identify(binary, id, carried);
-    // Kept only if the file did not change while it was asked.
-    if FileStamp::of_path(binary) == Some(id) {
-        seen(|s| s.insert(binary.to_path_buf(), (id, builtin)));
-    }
-    match builtin {
-        Some(b) => tracing::info!(binary = %binary.display(), plugin = b.about.name, "runs in-process: this build"),
-        None => tracing::info!(binary = %binary.display(), "exec'd: not a plugin of this build"),
-    }
-    builtin
-}
 
-/// Set (to anything) with no `CNI_COMMAND`: a plexus plugin prints [`identity`] on stdout and
-/// exits. Who may set it: whoever execs the binary; it only makes the binary say what it is.
-pub const IDENTIFY_ENV: &str = "PLEXUS_IDENTIFY";
+    /// Whether in-process runs were given up ([`Runner::give_up`]).
+    pub fn given_up(&self) -> bool {
+        self.0.as_ref().is_some_and(|p| p.given_up.load(Ordering::SeqCst))
+    }
 
-/// What a plugin of `about` answers to [`IDENTIFY_ENV`]: `<name> <build> <device> <inode>` of the
-/// executable running it; `None` for a plugin without a build or an executable that cannot be
-/// read.
-pub fn identity(about: &About) -> Option<String> {
-    let build = about.build?;
-    let exe = std::fs::metadata("/proc/self/exe").ok()?;
-    Some(format!("{} {build} {} {}", about.name, exe.dev(), exe.ino()))
+    /// The carried plugin `binary` is, when it is one of this build; `None` when nothing is
+    /// carried, in-process runs were given up, or the binary is anything else.
+    pub(crate) fn lookup(&self, binary: &Path) -> Option<&'static Builtin> {
+        let parent = self.0.as_ref().filter(|p| !p.carried.is_empty())?;
+        if self.given_up() {
+            return None;
+        }
+        // Only a file named as a carried plugin is asked: any other plugin is exec'd unasked.
+        let name = binary.file_name()?.to_str()?;
+        if !parent.carried.iter().any(|b| b.about.name == name) {
+            return None;
+        }
+        let seen = || parent.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let id = FileStamp::of_path(binary)?;
+        if let Some((known, builtin)) = seen().get(binary).copied()
+            && known == id
+        {
+            return builtin;
+        }
+        let builtin = identify(binary, id, parent.carried);
+        // Kept only if the file did not change while it was asked.
+        if FileStamp::of_path(binary) == Some(id) {
+            seen().insert(binary.to_path_buf(), (id, builtin));
+        }
+        match builtin {
+            Some(b) => tracing::info!(binary = %binary.display(), plugin = b.about.name, "runs in-process: this build"),
+            None => tracing::info!(binary = %binary.display(), "exec'd: not a plugin of this build"),
+        }
+        builtin
+    }
 }
 
 /// Ask the file `id` is (at `binary`) what it is, and match the answer to the carried plugins.
@@ -179,7 +204,12 @@ fn identity_of(binary: &Path) -> Option<String> {
 /// Run `builtin` for one delegation on this thread: `env` is what the environment of its binary
 /// would change (a name mapped to `None` is unset), `stdin` its config. The exit status, stdout
 /// and stderr come back as the child's would.
-pub(crate) fn run(builtin: &Builtin, env: &HashMap<String, Option<String>>, stdin: &[u8]) -> std::process::Output {
+pub(crate) fn run(
+    builtin: &Builtin,
+    runner: &Runner,
+    env: &HashMap<String, Option<String>>,
+    stdin: &[u8],
+) -> std::process::Output {
     use std::os::unix::process::ExitStatusExt;
     let getenv = |k: &str| match env.get(k) {
         Some(v) => v.clone(),
@@ -189,12 +219,12 @@ pub(crate) fn run(builtin: &Builtin, env: &HashMap<String, Option<String>>, stdi
     // dispatch answers a panic of the plugin's verbs itself; one in its own preparation must not
     // reach the caller either.
     let exit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        plugin::dispatch(builtin.about, builtin.plugin, getenv, &mut &stdin[..], &mut stdout, &mut stderr)
+        plugin::dispatch(builtin.about, builtin.plugin, runner, getenv, &mut &stdin[..], &mut stdout, &mut stderr)
     }))
     .unwrap_or_else(|_| {
-        let e = crate::Error::internal(format!("plugin {} panicked", builtin.about.name));
+        let e = plexus_cni::Error::internal(format!("plugin {} panicked", builtin.about.name));
         stdout.clear();
-        let _ = crate::result::write_json(&e.to_json(crate::SpecVersion::LATEST), &mut stdout);
+        let _ = plexus_cni::result::write_json(&e.to_json(plexus_cni::SpecVersion::LATEST), &mut stdout);
         1
     });
     std::process::Output { status: std::process::ExitStatus::from_raw(i32::from(exit) << 8), stdout, stderr }
@@ -204,32 +234,13 @@ pub(crate) fn run(builtin: &Builtin, env: &HashMap<String, Option<String>>, stdi
 /// (which the caller may stop waiting on at its deadline).
 pub(crate) fn start(
     builtin: &'static Builtin,
+    runner: Runner,
     env: HashMap<String, Option<String>>,
     stdin: Vec<u8>,
 ) -> std::io::Result<std::sync::mpsc::Receiver<std::process::Output>> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new().name(builtin.about.name.into()).spawn(move || {
-        let _ = tx.send(run(builtin, &env, &stdin));
+        let _ = tx.send(run(builtin, &runner, &env, &stdin));
     })?;
     Ok(rx)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_about_line_names_the_build() {
-        let about = About { name: "plexus-macvlan", version: "0.1.0", build: Some("0123456789abcdef") };
-        assert_eq!(about.line(), "CNI plugin plexus-macvlan 0.1.0 (build 0123456789abcdef)");
-        assert_eq!(About { build: None, ..about }.line(), "CNI plugin plexus-macvlan 0.1.0");
-    }
-
-    #[test]
-    fn a_plugin_identifies_by_name_build_and_the_executable_running_it() {
-        let about = About { name: "plexus-macvlan", version: "0.1.0", build: Some("0123456789abcdef") };
-        let exe = std::fs::metadata("/proc/self/exe").unwrap();
-        assert_eq!(identity(&about), Some(format!("plexus-macvlan 0123456789abcdef {} {}", exe.dev(), exe.ino())));
-        assert_eq!(identity(&About { build: None, ..about }), None);
-    }
 }

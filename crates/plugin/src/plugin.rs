@@ -13,13 +13,14 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::NetConf;
-use crate::env::{CniEnv, Command, validate_network_name};
-use crate::error::{Error, code};
+use crate::builtin::Runner;
 use crate::logging::{self, LogTarget};
-use crate::policy::Policy;
-use crate::result::{CniResult, write_json};
-use crate::version::SpecVersion;
+use plexus_cni::config::NetConf;
+use plexus_cni::env::{CniEnv, Command, validate_network_name};
+use plexus_cni::error::{Error, code};
+use plexus_cni::result::{CniResult, write_json};
+use plexus_cni::version::SpecVersion;
+use plexus_node::policy::Policy;
 
 /// The most configuration read from stdin (a NAD's config is tenant-written); more is code 6.
 pub const STDIN_MAX_BYTES: usize = 16 * 1024 * 1024;
@@ -35,6 +36,8 @@ pub struct Request {
     pub policy: Policy,
     /// Where this invocation logs (chosen once, by the entry point; the meta-plugin hands it on).
     pub log: LogTarget,
+    /// How its delegates run: the process's that dispatched it ([`dispatch`]).
+    pub runner: Runner,
 }
 
 /// An attachment the runtime still considers valid (GC).
@@ -123,13 +126,34 @@ impl About {
     }
 }
 
+/// Set (to anything) with no `CNI_COMMAND`: a plexus plugin prints [`identity`] on stdout and
+/// exits. Who may set it: whoever execs the binary; it only makes the binary say what it is.
+pub const IDENTIFY_ENV: &str = "PLEXUS_IDENTIFY";
+
+/// What a plugin of `about` answers to [`IDENTIFY_ENV`]: `<name> <build> <device> <inode>` of the
+/// executable running it; `None` for a plugin without a build or an executable that cannot be
+/// read.
+pub fn identity(about: &About) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let build = about.build?;
+    let exe = std::fs::metadata("/proc/self/exe").ok()?;
+    Some(format!("{} {build} {} {}", about.name, exe.dev(), exe.ino()))
+}
+
+/// plexus's own binaries that are not CNI plugins: never run as a delegate (a network naming one
+/// as its `type` is refused, code 7, before anything runs). Each of them also refuses to run when
+/// it finds `CNI_COMMAND` in its environment, whatever name it was installed under
+/// ([`refuse_as_delegate`]).
+pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl"];
+
 /// Run the plugin as a process: the whole `main` of a plugin binary.
 pub fn run(about: About, plugin: &(impl Plugin + ?Sized)) -> ExitCode {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
-    let status =
-        dispatch(about, plugin, |k| std::env::var(k).ok(), &mut stdin.lock(), &mut stdout.lock(), &mut stderr.lock());
+    let runner = Runner::default();
+    let env = |k: &str| std::env::var(k).ok();
+    let status = dispatch(about, plugin, &runner, env, &mut stdin.lock(), &mut stdout.lock(), &mut stderr.lock());
     ExitCode::from(status)
 }
 
@@ -139,22 +163,24 @@ pub fn run(about: About, plugin: &(impl Plugin + ?Sized)) -> ExitCode {
 pub fn refuse_as_delegate(name: &str) -> Option<ExitCode> {
     std::env::var_os("CNI_COMMAND").filter(|c| !c.is_empty())?;
     let e = Error::invalid_config(format!("{name} is not a CNI plugin: it does not run as a delegate"))
-        .with_details(format!("plexus's own {:?} are never a network's \"type\"", crate::delegate::NOT_PLUGINS));
+        .with_details(format!("plexus's own {:?} are never a network's \"type\"", NOT_PLUGINS));
     let _ = write_json(&e.to_json(SpecVersion::LATEST), &mut std::io::stdout().lock());
     Some(ExitCode::FAILURE)
 }
 
-/// [`run`] with its inputs and outputs given: returns the exit status.
+/// [`run`] with its inputs and outputs given: returns the exit status. The request's delegates
+/// run as `runner` says.
 pub fn dispatch(
     about: About,
     plugin: &(impl Plugin + ?Sized),
+    runner: &Runner,
     getenv: impl Fn(&str) -> Option<String>,
     stdin: &mut impl Read,
     stdout: &mut impl Write,
     stderr: &mut impl Write,
 ) -> u8 {
     let command_set = getenv("CNI_COMMAND").is_some_and(|c| !c.is_empty());
-    if !command_set && let Some(identity) = getenv(crate::builtin::IDENTIFY_ENV).and(crate::builtin::identity(&about)) {
+    if !command_set && let Some(identity) = getenv(IDENTIFY_ENV).and(identity(&about)) {
         let _ = writeln!(stdout, "{identity}");
         return 0;
     }
@@ -168,6 +194,7 @@ pub fn dispatch(
     let outcome = prepare(&getenv, stdin, &mut print_version).and_then(|req| match req {
         None => Ok(Some(version_document())),
         Some(mut req) => {
+            req.runner = runner.clone();
             req.log = LogTarget::choose(&req.config, plugin.admin_config(&req), &getenv, &req.policy);
             let _log = logging::init(&req.log, about.name);
             let netns = req.env.netns.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
@@ -212,7 +239,8 @@ fn prepare(
     stdin: &mut impl Read,
     print_version: &mut SpecVersion,
 ) -> Result<Option<Request>, Error> {
-    let env = CniEnv::from_lookup(&getenv)?;
+    // The policy's limit replaces the default once the policy is read (below).
+    let env = CniEnv::from_lookup(&getenv, plexus_node::policy::Limits::default().request_timeout())?;
     if env.command == Command::Version {
         return Ok(None);
     }
@@ -249,8 +277,13 @@ fn prepare(
     }
     let policy = Policy::load(&getenv)?;
     let mut env = env;
-    env.deadline = crate::Deadline::from_env(&getenv, policy.limits.request_timeout());
-    Ok(Some(Request { env, version, config, stdin: raw, policy, log: LogTarget::default() }))
+    env.deadline = plexus_cni::Deadline::from_env(&getenv, policy.limits.request_timeout());
+    // The node policy this plugin runs under is its delegates' too (said outright: a plugin
+    // served by plexus-daemon does not inherit the runtime's environment).
+    if let Some(file) = getenv(plexus_node::paths::POLICY_ENV).filter(|p| !p.is_empty()) {
+        env.vars.push((plexus_node::paths::POLICY_ENV.to_string(), file));
+    }
+    Ok(Some(Request { env, version, config, stdin: raw, policy, log: LogTarget::default(), runner: Runner::default() }))
 }
 
 /// This process's own network namespace (device and inode), read once: `/proc/self` is the
@@ -298,4 +331,25 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn the_about_line_names_the_build() {
+        let about = About { name: "plexus-macvlan", version: "0.1.0", build: Some("0123456789abcdef") };
+        assert_eq!(about.line(), "CNI plugin plexus-macvlan 0.1.0 (build 0123456789abcdef)");
+        assert_eq!(About { build: None, ..about }.line(), "CNI plugin plexus-macvlan 0.1.0");
+    }
+
+    #[test]
+    fn a_plugin_identifies_by_name_build_and_the_executable_running_it() {
+        let about = About { name: "plexus-macvlan", version: "0.1.0", build: Some("0123456789abcdef") };
+        let exe = std::fs::metadata("/proc/self/exe").unwrap();
+        assert_eq!(identity(&about), Some(format!("plexus-macvlan 0123456789abcdef {} {}", exe.dev(), exe.ino())));
+        assert_eq!(identity(&About { build: None, ..about }), None);
+    }
 }

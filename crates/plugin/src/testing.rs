@@ -6,13 +6,16 @@ use std::path::{Path, PathBuf};
 
 /// A plugin invocation for a unit test: `CNI_*` variables from `vars` (`CNI_COMMAND` included),
 /// the network config `config`, the node policy `policy`.
-pub fn request(vars: &[(&str, &str)], config: &serde_json::Value, policy: crate::Policy) -> crate::Request {
-    let env = crate::CniEnv::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
-        .expect("test environment");
+pub fn request(vars: &[(&str, &str)], config: &serde_json::Value, policy: plexus_node::Policy) -> crate::Request {
+    let env = plexus_cni::CniEnv::from_lookup(
+        |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()),
+        policy.limits.request_timeout(),
+    )
+    .expect("test environment");
     let stdin = serde_json::to_vec(config).expect("json");
-    let config = crate::NetConf::parse(&stdin).expect("test config");
+    let config = plexus_cni::NetConf::parse(&stdin).expect("test config");
     let version = config.version().expect("test config version");
-    crate::Request { env, version, config, stdin, policy, log: Default::default() }
+    crate::Request { env, version, config, stdin, policy, log: Default::default(), runner: Default::default() }
 }
 
 /// An IPAM plugin for unit tests, `fake-ipam` in `dir` (a CNI_PATH): a real delegate process

@@ -29,11 +29,11 @@ use nix::sys::stat::{Mode, fstat};
 use nix::unistd::{UnlinkatFlags, linkat, unlinkat};
 use serde::{Deserialize, Serialize};
 
-use crate::deadline::Deadline;
-use crate::error::Error;
 use crate::files::SafeDir;
 use crate::paths;
 use crate::policy::Policy;
+use plexus_cni::deadline::Deadline;
+use plexus_cni::error::Error;
 
 /// The mark of a tenant data directory: its kind and owner, and the lock its users share.
 pub const MARK: &str = ".plexus-data";
@@ -74,12 +74,12 @@ impl Kind {
     fn made_by(self, entry: &str, is_dir: bool) -> bool {
         match self {
             // Allocation domains: network names.
-            Kind::IpamFileStore => is_dir && crate::env::validate_network_name(entry).is_ok(),
+            Kind::IpamFileStore => is_dir && plexus_cni::env::validate_network_name(entry).is_ok(),
             // State files: `<containerID>=<ifname>`.
             Kind::HostDeviceState => {
                 !is_dir
                     && entry.split_once('=').is_some_and(|(c, i)| {
-                        crate::env::validate_container_id(c).is_ok() && crate::env::validate_ifname(i).is_ok()
+                        plexus_cni::env::validate_container_id(c).is_ok() && plexus_cni::env::validate_ifname(i).is_ok()
                     })
             }
         }
@@ -139,7 +139,7 @@ impl DataDir {
         let Some(t) = &self.tenant else { return false };
         // Converting the shared lock lets it go first, then waits a moment for the others'.
         let within = Deadline::after(Duration::from_millis(50));
-        if !crate::deadline::lock_until(&t.mark, within).unwrap_or(false) {
+        if !plexus_cni::deadline::lock_until(&t.mark, within).unwrap_or(false) {
             let _ = t.mark.unlock();
             return false;
         }
@@ -287,7 +287,7 @@ impl Policy {
             if found.kind != kind {
                 return Err(self.not_ours(key, path, &format!("it is a {}", found.kind.name())));
             }
-            if !crate::deadline::lock_shared_until(&mark, deadline).map_err(io)? {
+            if !plexus_cni::deadline::lock_shared_until(&mark, deadline).map_err(io)? {
                 return Err(deadline.expired(format!("{key} {shown:?}: waiting for its mark")));
             }
             // Removed by its last user between our open and our lock: again, from the root.
@@ -382,7 +382,7 @@ mod tests {
             (root.path().to_path_buf(), "is not a direct child of a data root"),
         ] {
             let e = p.data_dir("dataDir", &path, Kind::IpamFileStore, Some("ns"), true, soon()).unwrap_err();
-            assert_eq!(e.code, crate::code::INVALID_NETWORK_CONFIG);
+            assert_eq!(e.code, plexus_cni::code::INVALID_NETWORK_CONFIG);
             assert!(e.msg.contains(why), "{}: {e}", path.display());
             assert!(e.msg.starts_with(&format!("dataDir {:?}", path.display().to_string())), "{e}");
         }

@@ -32,9 +32,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::error::Error;
 use crate::files::is_clean_absolute;
 use crate::paths;
+use plexus_cni::error::Error;
 
 /// The largest policy file read.
 const POLICY_MAX_BYTES: u64 = 1024 * 1024;
@@ -527,7 +527,7 @@ mod tests {
         let p = Policy::default();
         assert!(p.data_root("dataDir", Path::new("/var/lib/cni/plexus-ipam/x")).is_ok());
         let e = p.data_root("dataDir", Path::new("/etc/cni")).unwrap_err();
-        assert_eq!(e.code, crate::code::INVALID_NETWORK_CONFIG);
+        assert_eq!(e.code, plexus_cni::code::INVALID_NETWORK_CONFIG);
         assert!(e.msg.contains("dataDir \"/etc/cni\" is not beneath the node policy's dataRoots"), "{e}");
         assert!(p.check_allowed(Allowed::Parent, "master", "eth9", Some("ns")).is_ok());
         assert_eq!(p.max_attachments, 64);
