@@ -101,7 +101,7 @@ pub fn naming_error(e: NetError, ifname: &str, pod: &Netns, what: impl FnOnce() 
 /// multi-rail rules), with the config's DNS. `is_up`: the link went up with its rename (L2 only).
 pub async fn apply_ipam(
     req: &plexus_plugin::Request,
-    ipam: &mut plexus_plugin::delegate::IpamStep,
+    ipam: &mut plexus_plugin::ipam::IpamStep,
     sock: &impl Kernel,
     keys: &IfaceKeys,
     index: u32,

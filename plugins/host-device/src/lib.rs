@@ -29,7 +29,7 @@ use plexus_net::{Kernel, Link, LinkChange, LinkSocket, Netns, roce};
 use plexus_node::datadir::DataDir;
 use plexus_node::files;
 use plexus_node::policy::Allowed;
-use plexus_plugin::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
+use plexus_plugin::ipam::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_plugin::undo::Undo;
 use plexus_plugin::{About, Plugin, Request};
 use state::HostState;

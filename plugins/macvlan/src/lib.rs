@@ -27,7 +27,7 @@ use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_
 use plexus_net::{Kernel, Link, LinkChange, LinkSocket, Netns, NewMacvlan, roce};
 use plexus_node::files;
 use plexus_node::policy::Allowed;
-use plexus_plugin::delegate::{IpamStep, del_with_ipam, forward_to_ipam};
+use plexus_plugin::ipam::{IpamStep, del_with_ipam, forward_to_ipam};
 use plexus_plugin::undo::Undo;
 use plexus_plugin::{About, Plugin, Request};
 
