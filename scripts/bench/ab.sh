@@ -7,6 +7,9 @@
 #   ipam             plexus-ipam, file store with one resident attachment
 #   meta             plexus with a plexus-macvlan NAD from nadDir
 #   daemon           the plexus shim and plexus-daemon (each build its own daemon, delegates in-process)
+#   daemon-del8      the DEL of an 8-network pod through each build's daemon (attachments DEL'd in
+#                    parallel); the pod is ADDed again before every run, untimed, in a pod
+#                    namespace of each build's own
 # Writes OUT/ab-<case>.json; figures only.
 #
 #   bash scripts/bench/ab.sh OLD_BIN_DIR NEW_BIN_DIR OUT_DIR [RUNS]
@@ -20,9 +23,16 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; wait "$p" 2> /dev/null || true; done
   ip netns del "$pod" 2> /dev/null || true; ip netns del "$node" 2> /dev/null || true
+  ip netns del "$pod-old" 2> /dev/null || true; ip netns del "$pod-new" 2> /dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
+# Both builds run from copies made now: how long ago a binary's file was written showed in its
+# times (the same binaries against a fresh copy of themselves: the copy 4-14 % faster).
+mkdir -p "$work/old-bin" "$work/new-bin"
+cp -a "$old/." "$work/old-bin/"; cp -a "$new/." "$work/new-bin/"
+old=$work/old-bin new=$work/new-bin
+sync
 ip netns add "$node"; ip netns add "$pod"
 ip -n "$node" link set lo up; ip -n "$pod" link set lo up
 ip -n "$node" link add nic0 mtu 9000 type veth peer name nic0p
@@ -93,3 +103,23 @@ for b in old new; do
   port=$((port + 1))
 done
 pair daemon "$unlink_meta" "$work/meta-daemon-old.json" "$work/meta-daemon-new.json" plexus
+
+# daemon-del8: rail0..rail7 from nadDir, one pod namespace per build; before each run, whichever
+# build's pod was deleted is added again (untimed), so every timed DEL finds 8 attachments.
+for i in $(seq 1 7); do
+  sed "s/rail0/rail$i/" "$work/nads/rail0.yaml" > "$work/nads/rail$i.yaml"
+done
+for b in old new; do
+  bin=$old; [ $b = new ] && bin=$new
+  ip netns add "$pod-$b"; ip -n "$pod-$b" link set lo up
+  sed 's|"networks":"rail0"|"networks":"rail0,rail1,rail2,rail3,rail4,rail5,rail6,rail7"|' "$work/meta-daemon-$b.json" \
+    > "$work/meta8-$b.json"
+  for verb in ADD DEL; do
+    printf 'CNI_COMMAND=%s\nCNI_CONTAINERID=bench8\nCNI_NETNS=/run/netns/%s\nCNI_IFNAME=eth0\nCNI_PATH=%s:%s\nPLEXUS_POLICY=%s\n' \
+      "$verb" "$pod-$b" "$bin" "$REF" "$work/policy.json" > "$work/$verb-8-$b.env"
+  done
+done
+readd8="for b in old new; do [ -e $work/cache-\$b/bench8 ] && continue; d=\$( [ \$b = old ] && echo $old || echo $new ); \
+  env \$(cat $work/ADD-8-\$b.env) \$d/plexus < $work/meta8-\$b.json > /dev/null && ip -n $pod-\$b link show net8 > /dev/null || exit 1; done"
+ip netns exec "$node" python3 scripts/bench/interleaved.py "$out/ab-daemon-del8.json" "$RUNS" "$readd8" \
+  "old=$work/DEL-8-old.env:$work/meta8-old.json:$old/plexus" "new=$work/DEL-8-new.env:$work/meta8-new.json:$new/plexus" >&2

@@ -4,7 +4,7 @@ on both alike (the hyperfine runs of bench.sh time one command's runs, then the 
 
   interleaved.py OUT.json RUNS PREPARE NAME=ENV_FILE:CONFIG:BINARY NAME=ENV_FILE:CONFIG:BINARY
 
-Each run of a command: PREPARE (a shell command, untimed), then the binary started with its
+Each run of a command: PREPARE (a shell command, untimed; its failure ends the benchmark), then the binary started with its
 environment (KEY=VALUE lines in ENV_FILE, over this process's) and CONFIG on its stdin, timed from
 posix_spawn to its exit. The order of the two alternates every run; 10 warm-up runs are dropped.
 Writes the medians and the median of the paired differences (second minus first). Figures only.
@@ -28,7 +28,8 @@ for spec in sys.argv[4:6]:
 
 
 def once(env, config, binary):
-    subprocess.run(["sh", "-c", prepare], check=False)
+    if subprocess.run(["sh", "-c", prepare]).returncode != 0:
+        sys.exit(f"interleaved.py: the preparation failed: {prepare}")
     stdin = os.open(config, os.O_RDONLY)
     null = os.open("/dev/null", os.O_WRONLY)
     try:

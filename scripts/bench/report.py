@@ -199,13 +199,14 @@ if has("ab"):
     print(f"`SECTIONS=ab AB_OLD={ab['old']} scripts/bench.sh` (`scripts/bench/ab.sh`): both builds' single ADDs on the same")
     print("node, timed in alternation run after run (a drift of the machine falls on both alike); the paired")
     print(f"difference is the median of new minus old over the {load('ab-meta')['runs']} pairs.\n")
-    print(f"| ADD | {ab['old']} (ms) | {ab['new']} (ms) | new / old | paired difference (ms) |")
+    print(f"| request | {ab['old']} (ms) | {ab['new']} (ms) | new / old | paired difference (ms) |")
     print("|---|---:|---:|---:|---:|")
     for case, what in [("macvlan-l2", "plexus-macvlan, L2 only"),
                        ("macvlan-static", "plexus-macvlan + reference static IPAM (a delegate process)"),
                        ("ipam", "plexus-ipam, file store (one resident attachment)"),
                        ("meta", "plexus, a plexus-macvlan NAD from nadDir"),
-                       ("daemon", "plexus shim + plexus-daemon, the same NAD (delegate in-process)")]:
+                       ("daemon", "plexus shim + plexus-daemon, the same NAD (delegate in-process)"),
+                       ("daemon-del8", "DEL of an 8-network pod through plexus-daemon (in parallel, in-process)")]:
         if not has(f"ab-{case}"):
             continue
         r = load(f"ab-{case}")
