@@ -164,6 +164,34 @@ fn del_works_from_the_cache_without_it_with_it_corrupt_and_with_nothing() {
 }
 
 #[test]
+fn a_cache_of_a_later_plexus_fails_del_naming_it_and_nothing_is_released_until_it_can_be_read() {
+    let s = Standalone::new();
+    let c = s.conf("rail0");
+    assert!(s.run("ADD", &c).success());
+    let cache = s.cache_dir().join("pod1");
+    let ours = std::fs::read_to_string(&cache).unwrap();
+    // What a downgrade finds: the cache of a later plexus, its format's version raised.
+    let later = ours.replacen("\"version\": 1,", "\"version\": 2,", 1);
+    assert_ne!(later, ours);
+    std::fs::write(&cache, &later).unwrap();
+    let (code, msg, _) = s.run("DEL", &c).error();
+    assert_eq!(code, 105, "{msg}");
+    assert!(
+        msg.starts_with(&format!("{}: the meta-plugin's delegate cache of format version 2", cache.display())),
+        "{msg}"
+    );
+    assert!(s.pod_links().contains(&"net1".to_string()), "nothing torn down from a guess");
+    assert_eq!(s.held_addresses(), 1, "nothing released");
+    assert_eq!(std::fs::read_to_string(&cache).unwrap(), later, "the cache is left as it is");
+    let (code, _, _) = s.run("CHECK", &c).error();
+    assert_eq!(code, 105);
+    // Read by a build that knows its format (here: as this build wrote it), DEL releases everything.
+    std::fs::write(&cache, &ours).unwrap();
+    assert!(s.run("DEL", &c).success());
+    assert_eq!((s.pod_links(), s.held_addresses()), (vec!["lo".to_string()], 0));
+}
+
+#[test]
 fn explicit_interface_names_do_not_renumber_the_rest_and_check_sees_every_attachment() {
     let s = Standalone::new();
     let c = s.conf("rail0@roce0,rail1");

@@ -42,6 +42,9 @@ pub mod code {
     pub const IFNAME_TAKEN: u32 = 103;
     /// CHECK: the attachment is not as ADD left it (names what differs).
     pub const CHECK_FAILED: u32 = 104;
+    /// A file plexus keeps on the node (cache, state, record, journal) is in a format version
+    /// later than this build reads: written by a newer plexus, left as it is (`plexus_node::format`).
+    pub const FORMAT_TOO_NEW: u32 = 105;
     /// IPAM: no free address left in a range.
     pub const IPAM_EXHAUSTED: u32 = 110;
     /// IPAM: a requested address is held by another attachment.

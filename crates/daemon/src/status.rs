@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use plexus_k8s::K8sError;
 use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_node::files;
+use plexus_node::format::STATUS_JOURNAL;
 use serde::{Deserialize, Serialize};
 
 /// One PATCH of a pod's network-status, as the API client makes it.
@@ -30,9 +31,28 @@ pub type Patch = dyn Fn(&PodRef, &[NetworkStatus]) -> Result<(), K8sError> + Sen
 /// A journal entry: the pod and the statuses to write.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Entry {
+    /// The version of its format (`plexus_node::format::STATUS_JOURNAL`; none in entries
+    /// written before formats carried one: 1).
+    #[serde(default = "plexus_node::format::first")]
+    version: u32,
     #[serde(flatten)]
     pod: PodRef,
     statuses: Vec<NetworkStatus>,
+}
+
+impl Entry {
+    fn new(pod: PodRef, statuses: Vec<NetworkStatus>) -> Entry {
+        Entry { version: STATUS_JOURNAL.current, pod, statuses }
+    }
+
+    /// The entry in `bytes` (the journal file `file`): `None` when it is not one; code 105 when a
+    /// later plexus wrote it, before it is read as this build's.
+    fn parse(bytes: &[u8], file: &Path) -> Result<Option<Entry>, plexus_cni::Error> {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Ok(None) };
+        let version = value.get("version").and_then(serde_json::Value::as_u64).unwrap_or(1);
+        STATUS_JOURNAL.check(&file.display().to_string(), u32::try_from(version).unwrap_or(u32::MAX))?;
+        Ok(serde_json::from_value(value).ok())
+    }
 }
 
 /// A pod's writes: the status to write next, and where the pod is.
@@ -112,7 +132,7 @@ impl StatusWriter {
         if !object_name(namespace) || !object_name(name) {
             return Err(K8sError::Config(format!("pod {namespace:?}/{name:?} is not a Kubernetes object name")));
         }
-        let entry = Entry { pod: pod.clone(), statuses: statuses.to_vec() };
+        let entry = Entry::new(pod.clone(), statuses.to_vec());
         let key = journal_name(namespace, name);
         let mut state = self.lock();
         let Err(e) = self.journal_write(&entry) else {
@@ -155,13 +175,20 @@ impl StatusWriter {
                 let _ = files::remove_if_present(&file.path());
                 continue;
             }
-            let entry =
-                std::fs::read(file.path()).ok().and_then(|b| serde_json::from_slice::<Entry>(&b).ok()).filter(|e| {
-                    let pod = &e.pod;
-                    journal_name(&pod.namespace, &pod.name) == name
-                        && object_name(&pod.namespace)
-                        && object_name(&pod.name)
-                });
+            let parsed = std::fs::read(file.path())
+                .map_err(|e| e.to_string())
+                .and_then(|b| Entry::parse(&b, &file.path()).map_err(|e| format!("{e}: {}", e.details)));
+            let entry = match parsed {
+                Ok(entry) => entry,
+                Err(why) => {
+                    tracing::error!("{why}");
+                    continue;
+                }
+            };
+            let entry = entry.filter(|e| {
+                let pod = &e.pod;
+                journal_name(&pod.namespace, &pod.name) == name && object_name(&pod.namespace) && object_name(&pod.name)
+            });
             match entry {
                 Some(e) => {
                     tracing::info!(
@@ -602,5 +629,48 @@ mod tests {
         assert_eq!(w.flush(Duration::from_secs(5)), 0);
         assert_eq!(a.tries.lock().unwrap()[0].1, "");
         assert_eq!(*a.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.9".to_string())]);
+    }
+
+    /// The journal entries of every format version kept as fixtures (`tests/formats/`).
+    const V1: &str = include_str!("../tests/formats/status-journal-v1.json");
+    /// What builds wrote before formats carried a version: read as version 1.
+    const UNVERSIONED: &str = include_str!("../tests/formats/status-journal-unversioned.json");
+    const V2: &str = include_str!("../tests/formats/status-journal-v2.json");
+
+    #[test]
+    fn this_build_journals_the_latest_format_as_its_fixture_holds_it_and_replays_every_earlier_one() {
+        // A change to what an entry holds shows here: keep the old fixture (it must still be
+        // replayed) and add the new one, with a new version if an older build would misread it.
+        let dir = tempfile::tempdir().unwrap();
+        let down = api(true, Duration::ZERO);
+        let w = writer(dir.path(), &down);
+        w.submit(&pod("trainer"), &status("198.18.0.7")).unwrap();
+        assert_eq!(w.flush(Duration::from_millis(100)), 1);
+        assert_eq!(std::fs::read_to_string(dir.path().join("default_trainer")).unwrap(), V1);
+        down.down.store(false, Ordering::SeqCst);
+        for fixture in [UNVERSIONED, V1] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("default_trainer"), fixture).unwrap();
+            let up = api(false, Duration::ZERO);
+            let w = writer(dir.path(), &up);
+            assert_eq!(w.replay(), 1);
+            assert_eq!(w.flush(Duration::from_secs(5)), 0);
+            assert_eq!(*up.written.lock().unwrap(), [("default/trainer".to_string(), "198.18.0.7".to_string())]);
+        }
+    }
+
+    #[test]
+    fn a_journal_entry_of_a_later_format_is_not_replayed_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("default_trainer");
+        std::fs::write(&file, V2).unwrap();
+        let e = Entry::parse(V2.as_bytes(), &file).unwrap_err();
+        assert_eq!(e.code, plexus_cni::code::FORMAT_TOO_NEW);
+        assert!(e.msg.contains("network-status journal entry of format version 2"), "{e}");
+        let up = api(false, Duration::ZERO);
+        let w = writer(dir.path(), &up);
+        assert_eq!(w.replay(), 0);
+        assert!(up.tries.lock().unwrap().is_empty(), "nothing written from it");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), V2);
     }
 }

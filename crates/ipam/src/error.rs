@@ -29,11 +29,15 @@ pub enum IpamError {
     /// A local store failure (file system).
     #[error("IPAM store: {0}")]
     Store(String),
+    /// A record of a later plexus's format (`plexus_node::format`): refused, left as it is.
+    #[error("{0}")]
+    Format(Error),
 }
 
 impl From<IpamError> for Error {
     fn from(e: IpamError) -> Self {
         let c = match &e {
+            IpamError::Format(e) => return e.clone(),
             IpamError::Config(_) | IpamError::Refused(_) => code::INVALID_NETWORK_CONFIG,
             IpamError::Exhausted { .. } => code::IPAM_EXHAUSTED,
             IpamError::InUse { .. } => code::IPAM_ADDRESS_IN_USE,

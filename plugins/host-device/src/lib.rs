@@ -113,10 +113,11 @@ impl Plugin for HostDevice {
         // device is found by its marker alone, and DEL still succeeds.
         let data_dir =
             conf.data_dir(req, false).inspect_err(|e| tracing::warn!("state directory refused: {e}")).ok().flatten();
+        let state_path = data_dir.as_ref().map(|d| state::path(d.dir(), &req.env.container_id, &req.env.ifname));
+        // A later plexus's state: refused before anything is undone, the device left as it is.
+        let host = state_path.as_deref().map(state::load).transpose()?.flatten();
         del_with_ipam(req, || {
             remove_device_info(req)?;
-            let state_path = data_dir.as_ref().map(|d| state::path(d.dir(), &req.env.container_id, &req.env.ifname));
-            let host = state_path.as_deref().and_then(state::load);
             restore(req.netns(), &req.env.container_id, &req.env.ifname, host.as_ref())?;
             state_path.map_or(Ok(()), |p| files::remove_if_present(&p))?;
             // A tenant's state directory goes with its last state file.
@@ -161,7 +162,13 @@ impl Plugin for HostDevice {
             if valid.iter().any(|v| v.container_id == cid && v.ifname == ifname) {
                 continue;
             }
-            let host = state::load(&entry.path());
+            let host = match state::load(&entry.path()) {
+                Ok(host) => host,
+                Err(e) => {
+                    errors.push(format!("{cid}/{ifname}"), e);
+                    continue;
+                }
+            };
             let netns = host.as_ref().and_then(|h| h.netns.clone());
             match restore(netns.as_deref(), cid, ifname, host.as_ref()) {
                 Ok(()) => {

@@ -9,6 +9,7 @@ use plexus_cni::Error;
 use plexus_net::{Dad, Kernel, Link, LinkChange, Netns};
 use plexus_node::files;
 use plexus_node::files::SafeDir;
+use plexus_node::format::{HOST_DEVICE_STATE, first};
 use serde::{Deserialize, Serialize};
 
 /// The alias a moved device carries: `plexus-host-device:<host name>:<attachment tag>`, so DEL
@@ -55,6 +56,10 @@ impl Mark {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostState {
+    /// The version of its format (`plexus_node::format::HOST_DEVICE_STATE`; none in files
+    /// written before formats carried one: 1).
+    #[serde(default = "plexus_node::format::first")]
+    pub version: u32,
     pub name: String,
     pub mtu: u32,
     pub mac: Option<String>,
@@ -83,6 +88,7 @@ impl HostState {
             .filter(|a| !matches!(a, IpNetwork::V6(v6) if v6.ip().is_unicast_link_local()))
             .collect();
         Ok(HostState {
+            version: HOST_DEVICE_STATE.current,
             name: link.name.clone(),
             mtu: link.mtu,
             mac: link.mac_string(),
@@ -111,8 +117,14 @@ pub fn save(path: &Path, state: &HostState) -> Result<(), Error> {
         .map_err(|e| e.context("write host state"))
 }
 
-pub fn load(path: &Path) -> Option<HostState> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+/// The state at `path`: `None` when there is none or it does not parse (the device is then found
+/// by its marker alone); code 105 when a later plexus wrote it (left as it is, never misread).
+pub fn load(path: &Path) -> Result<Option<HostState>, Error> {
+    let Ok(bytes) = std::fs::read(path) else { return Ok(None) };
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) else { return Ok(None) };
+    let version = value.get("version").and_then(serde_json::Value::as_u64).unwrap_or(u64::from(first()));
+    HOST_DEVICE_STATE.check(&path.display().to_string(), u32::try_from(version).unwrap_or(u32::MAX))?;
+    Ok(serde_json::from_value(value).ok())
 }
 
 /// The moved device in the namespace of `sock`: only a link carrying this attachment's marker —
@@ -233,5 +245,43 @@ mod tests {
         .unwrap();
         assert_eq!(old.marker(), "plexus-host-device:hd0");
         assert!(Mark::of("c1", "net2", Some(&old)).matches(Some("plexus-host-device:hd0")));
+    }
+
+    /// The state files of every format version kept as fixtures (`tests/formats/`).
+    const V1: &[u8] = include_bytes!("../tests/formats/host-device-state-v1.json");
+    const V2: &[u8] = include_bytes!("../tests/formats/host-device-state-v2.json");
+
+    #[test]
+    fn a_state_file_of_every_version_this_build_knows_is_read_and_written_as_its_fixture() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c1=net1");
+        std::fs::write(&path, V1).unwrap();
+        let host = load(&path).unwrap().unwrap();
+        assert_eq!((host.version, host.name.as_str(), host.mtu), (1, "ens2f0np0", 9000));
+        assert_eq!((host.rdma_moved.as_deref(), host.pci.as_deref()), (Some("mlx5_0"), Some("0000:3b:00.0")));
+        assert_eq!(host.marker(), "plexus-host-device:ens2f0np0:0123456789abcdef");
+        // A change to what the state holds shows here: keep the old fixture (it must still be read)
+        // and add the new one, with a new version if an older build would misread it.
+        save(&path, &host).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), V1);
+    }
+
+    #[test]
+    fn a_state_file_of_a_later_format_is_refused_naming_the_file_never_taken_for_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c1=net1");
+        std::fs::write(&path, V2).unwrap();
+        let e = load(&path).unwrap_err();
+        assert_eq!(e.code, plexus_cni::code::FORMAT_TOO_NEW);
+        assert!(
+            e.msg.starts_with(&format!("{}: plexus-host-device's state file of format version 2", path.display())),
+            "{e}"
+        );
+        assert!(path.exists());
+        // Without its version it would not parse as a state at all, and DEL would look for the
+        // device by its marker alone.
+        let unversioned = String::from_utf8(V2.to_vec()).unwrap().replace("\"version\": 2,", "");
+        std::fs::write(&path, unversioned).unwrap();
+        assert_eq!(load(&path).unwrap(), None);
     }
 }

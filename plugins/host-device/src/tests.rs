@@ -123,7 +123,7 @@ fn add_moves_the_device_in_one_request_named_with_its_marker_then_addresses_ups_
     assert_eq!((in_pod.name.as_str(), in_pod.alias.as_deref(), in_pod.up), ("net1", Some(marker.as_str()), true));
     assert!(rig.namespace("node").links.is_empty(), "the device left the node");
     assert_eq!(rig.state_files(), vec!["c1=net1"]);
-    let saved = state::load(&rig.dir.path().join("state/c1=net1")).unwrap();
+    let saved = state::load(&rig.dir.path().join("state/c1=net1")).unwrap().unwrap();
     assert_eq!(saved.addresses, vec!["198.18.9.1/24".parse::<ipnetwork::IpNetwork>().unwrap()], "its node address");
     assert_eq!(result.interfaces[0].name, "net1");
     assert_eq!(testing::ipam_calls(rig.dir.path()), vec!["ADD c1 net1"]);
@@ -187,7 +187,7 @@ fn a_device_moved_whose_rename_then_failed_is_found_under_its_host_name_and_mac_
 impl Rig {
     /// DEL's kernel part for attachment c1/net1, with the state ADD saved (when there is one).
     fn restore(&self, pod_reachable: bool) -> Result<(), Error> {
-        let host = state::load(&self.dir.path().join("state/c1=net1"));
+        let host = state::load(&self.dir.path().join("state/c1=net1")).unwrap();
         let mark = state::Mark::of("c1", "net1", host.as_ref());
         let pod = pod_reachable.then_some((&self.pod, &self.pod_sock));
         configure::runtime()?.block_on(restore_on(&self.node_sock, &self.node, pod, "net1", &mark, host.as_ref()))

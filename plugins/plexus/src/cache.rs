@@ -4,7 +4,9 @@
 //! an append to a fresh file costs the file system far less than replacing it (no rename over an
 //! existing file, no truncation), and a record torn by a crash is ignored on load — the delegate
 //! is still known from the head and gets its DEL without prevResult. 0600 in a 0700 directory;
-//! container IDs are validated by the entry point before they become a file name.
+//! container IDs are validated by the entry point before they become a file name. The head
+//! carries its format's version (`plexus_node::format::META_CACHE`): a cache of a later plexus
+//! is refused, never read as something else nor rebuilt over.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,7 +18,7 @@ use serde_json::Value;
 
 use crate::attachment::Attachment;
 
-pub const CACHE_VERSION: u32 = 1;
+pub const CACHE_VERSION: u32 = plexus_node::format::META_CACHE.current;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Cache {
@@ -62,29 +64,69 @@ pub fn record_result(path: &Path, index: usize, result: &Value) -> Result<(), Er
 
 /// `Ok(None)` when there is no cache; `Err` (with why) when it exists but its head does not
 /// parse. Result records are applied in order; the first that does not parse ends the reading.
-pub fn load(path: &Path) -> Result<Option<Cache>, String> {
+pub fn load(path: &Path) -> Result<Option<Cache>, Unusable> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => return Err(Unusable::Unreadable(format!("{}: {e}", path.display()))),
     };
-    let (cache, torn) = parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (cache, torn) = parse(&bytes).map_err(|e| match e {
+        Unusable::Unreadable(why) => Unusable::Unreadable(format!("{}: {why}", path.display())),
+        Unusable::TooNew(found) => Unusable::TooNew(found),
+    })?;
     if torn {
         tracing::warn!("{}: a torn result record ignored", path.display());
     }
     Ok(Some(cache))
 }
 
+/// Why a cache file cannot be used.
+#[derive(Debug)]
+pub enum Unusable {
+    /// It cannot be read or does not parse (a torn head, not a cache): DEL rebuilds the
+    /// attachments instead (a cache that does not parse must not make DEL a no-op).
+    Unreadable(String),
+    /// A later plexus's format (the version found): refused and left as it is.
+    TooNew(u32),
+}
+
+impl Unusable {
+    /// The CNI error of a cache at `path` that cannot be used.
+    pub fn error(&self, path: &Path, code: u32) -> Error {
+        match self {
+            Unusable::Unreadable(why) => Error::new(code, format!("delegate cache unreadable: {why}")),
+            Unusable::TooNew(found) => {
+                plexus_node::format::META_CACHE.check(&path.display().to_string(), *found).unwrap_err()
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unusable::Unreadable(why) => f.write_str(why),
+            Unusable::TooNew(found) => write!(f, "format version {found}, later than this build reads"),
+        }
+    }
+}
+
 /// A cache file's bytes: the head, then result records up to the first torn one (and whether
-/// there was one).
-pub fn parse(bytes: &[u8]) -> Result<(Cache, bool), String> {
+/// there was one). The head's version is checked before anything else is read from it.
+pub fn parse(bytes: &[u8]) -> Result<(Cache, bool), Unusable> {
+    let unreadable = |e: &dyn std::fmt::Display| Unusable::Unreadable(e.to_string());
     let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<Value>();
     let head = match values.next() {
         Some(Ok(v)) => v,
-        Some(Err(e)) => return Err(e.to_string()),
-        None => return Err("empty".into()),
+        Some(Err(e)) => return Err(unreadable(&e)),
+        None => return Err(unreadable(&"empty")),
     };
-    let mut cache: Cache = serde_json::from_value(head).map_err(|e| e.to_string())?;
+    let version = head.get("version").and_then(Value::as_u64).unwrap_or(u64::from(plexus_node::format::first()));
+    let version = u32::try_from(version).unwrap_or(u32::MAX);
+    if plexus_node::format::META_CACHE.check("", version).is_err() {
+        return Err(Unusable::TooNew(version));
+    }
+    let mut cache: Cache = serde_json::from_value(head).map_err(|e| unreadable(&e))?;
     for value in values {
         let Some(record) = value.ok().and_then(|v| serde_json::from_value::<ResultRecord<Value>>(v).ok()) else {
             return Ok((cache, true));
@@ -122,13 +164,19 @@ pub fn remove_stale_leftovers(cni_dir: &Path, age: std::time::Duration) {
     }
 }
 
-/// Every cache in `cni_dir` (GC).
+/// Every cache in `cni_dir` that this build reads (GC); one it cannot is logged and left alone.
 pub fn all(cni_dir: &Path) -> Vec<(PathBuf, Cache)> {
     let Ok(entries) = std::fs::read_dir(cni_dir) else { return Vec::new() };
     entries
         .flatten()
         .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .filter_map(|e| Some((e.path(), load(&e.path()).ok()??)))
+        .filter_map(|e| match load(&e.path()) {
+            Ok(c) => Some((e.path(), c?)),
+            Err(why) => {
+                tracing::warn!("GC leaves {} alone: {why}", e.path().display());
+                None
+            }
+        })
         .collect()
 }
 
@@ -183,7 +231,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c1");
         std::fs::write(&path, b"{\"version\": 1, \"contain").unwrap();
-        assert!(load(&path).unwrap_err().contains("c1"));
+        assert!(load(&path).unwrap_err().to_string().contains("c1"));
         assert!(load(&dir.path().join("none")).unwrap().is_none());
     }
 
@@ -207,5 +255,56 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [".c1.tmpx", "c1"], "every temp name, no cache");
+    }
+
+    /// The caches of every format version kept as fixtures (`tests/formats/`).
+    const V1: &[u8] = include_bytes!("../tests/formats/meta-cache-v1.json");
+    const V2: &[u8] = include_bytes!("../tests/formats/meta-cache-v2.json");
+
+    #[test]
+    fn a_cache_of_every_version_this_build_knows_is_read_as_written() {
+        let (c, torn) = parse(V1).unwrap();
+        assert!(!torn);
+        assert_eq!((c.version, c.container_id.as_str(), c.pod_ref.as_deref()), (1, "c1", Some("default/trainer")));
+        let names: Vec<(&str, &str, bool)> =
+            c.attachments.iter().map(|a| (a.network.as_str(), a.ifname.as_str(), a.cluster_network)).collect();
+        assert_eq!(names, [("bootstrap", "eth0", true), ("default/rail0", "net1", false)]);
+        let rail = &c.attachments[1];
+        assert_eq!(rail.result.as_ref().unwrap()["ips"][0]["address"], "198.18.0.2/24");
+        assert_eq!((rail.device_id.as_deref(), rail.cni_args.len()), (Some("0000:3b:00.0"), 1));
+    }
+
+    #[test]
+    fn this_build_writes_the_latest_format_as_its_fixture_holds_it() {
+        // A change to what a cache holds shows here: keep the old fixture (it must still be read)
+        // and add the new one, with a new version if an older build would misread it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c1");
+        let (c, _) = parse(V1).unwrap();
+        let results: Vec<Value> = c.attachments.iter().map(|a| a.result.clone().unwrap()).collect();
+        let head =
+            Cache { attachments: c.attachments.into_iter().map(|a| Attachment { result: None, ..a }).collect(), ..c };
+        save(&path, &head).unwrap();
+        for (i, r) in results.iter().enumerate() {
+            record_result(&path, i, r).unwrap();
+        }
+        assert_eq!(String::from_utf8(std::fs::read(&path).unwrap()).unwrap(), String::from_utf8(V1.to_vec()).unwrap());
+    }
+
+    #[test]
+    fn a_cache_of_a_later_format_is_refused_naming_the_file_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c1");
+        std::fs::write(&path, V2).unwrap();
+        let why = load(&path).unwrap_err();
+        assert!(matches!(why, Unusable::TooNew(2)), "{why}");
+        let e = why.error(&path, plexus_cni::code::CHECK_FAILED);
+        assert_eq!(e.code, plexus_cni::code::FORMAT_TOO_NEW);
+        assert!(
+            e.msg.starts_with(&format!("{}: the meta-plugin's delegate cache of format version 2", path.display())),
+            "{e}"
+        );
+        assert!(all(dir.path()).is_empty(), "GC reads no cache it cannot");
+        assert!(path.exists());
     }
 }

@@ -515,6 +515,8 @@ impl Plugin for Meta {
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
         let attachments = match cache::load(&cache_path) {
             Ok(Some(c)) => runnable(c.attachments, &base),
+            // A later plexus's cache: what it attached is not guessed from the NADs.
+            Err(too_new @ cache::Unusable::TooNew(_)) => return Err(too_new.error(&cache_path, code::INTERNAL)),
             other => {
                 if let Err(why) = other {
                     // A cache that does not parse must not make DEL a no-op (Multus #1087).
@@ -545,9 +547,8 @@ impl Plugin for Meta {
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
-        let state = cache::load(&cache_path)
-            .map_err(|why| Error::new(code::CHECK_FAILED, format!("delegate cache unreadable: {why}")))?
-            .ok_or_else(|| {
+        let state =
+            cache::load(&cache_path).map_err(|why| why.error(&cache_path, code::CHECK_FAILED))?.ok_or_else(|| {
                 Error::new(
                     code::CHECK_FAILED,
                     format!("no attachments recorded for container {}", req.env.container_id),

@@ -267,6 +267,9 @@ impl EtcdStore {
         let me = owner.key();
         let record_key = self.record_key(&owner.container_id, &owner.ifname);
         let (rec_val, rec_rev) = self.get(&record_key).await?;
+        if let Some(v) = &rec_val {
+            Record::refuse_later_format(v, &record_key)?;
+        }
         let mut previous: Option<Record> = rec_val.and_then(|v| serde_json::from_slice(&v).ok());
         let mut moved: Option<(String, i64, String)> = None; // (old record key, its revision, old holder)
         if previous.is_none()
@@ -278,6 +281,7 @@ impl EtcdStore {
         {
             let old_key = self.record_key(cid, ifn);
             if let (Some(v), rev) = self.get(&old_key).await? {
+                Record::refuse_later_format(&v, &old_key)?;
                 previous = serde_json::from_slice(&v).ok();
                 moved = Some((old_key, rev, old));
             }
@@ -335,7 +339,7 @@ impl EtcdStore {
             }
             chosen.push(Held { ip, range: key });
         }
-        let record = Record { owner: owner.clone(), ips: chosen.clone() };
+        let record = Record::new(owner.clone(), chosen.clone());
         ops.push(TxnOp::put(record_key.as_str(), serde_json::to_vec(&record).expect("json"), None));
         if let Some((old_key, old_rev, _)) = &moved {
             compares.push(Compare::mod_revision(old_key.as_str(), CompareOp::Equal, *old_rev));
@@ -357,6 +361,9 @@ impl EtcdStore {
         let me = attachment_key(cid, ifname);
         let record_key = self.record_key(cid, ifname);
         let (val, rev) = self.get(&record_key).await?;
+        if let Some(v) = &val {
+            Record::refuse_later_format(v, &record_key)?;
+        }
         let Some(record) = val.and_then(|v| serde_json::from_slice::<Record>(&v).ok()) else {
             return Ok(Some(Vec::new()));
         };

@@ -248,9 +248,12 @@ impl Domain {
 
     fn read_record(&self, path: &Path) -> Result<Option<Record>, IpamError> {
         match fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| IpamError::Store(format!("corrupt record {}: {e}", self.err_path(path)))),
+            Ok(bytes) => {
+                Record::refuse_later_format(&bytes, &self.err_path(path))?;
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| IpamError::Store(format!("corrupt record {}: {e}", self.err_path(path))))
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(self.err("read", path, e)),
         }
@@ -423,7 +426,7 @@ impl Domain {
         let mut touched: Vec<PathBuf> =
             chosen.iter().map(|h| self.ip_path(&Self::ip_key(h.ip, &h.range, req.overlapping))).collect();
         // Intent first: the record names every address before any is linked into place.
-        self.write_record(&record_path, &Record { owner: owner.clone(), ips: chosen.clone() })?;
+        self.write_record(&record_path, &Record::new(owner.clone(), chosen.clone()))?;
         for held in &chosen {
             let key = Self::ip_key(held.ip, &held.range, req.overlapping);
             match self.holder(&key) {

@@ -167,8 +167,32 @@ pub struct Allocation {
 /// What an attachment holds, as both stores record it.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Record {
+    /// The version of its format (`plexus_node::format::IPAM_RECORD`; none in records written
+    /// before formats carried one: 1).
+    #[serde(default = "plexus_node::format::first")]
+    pub(crate) version: u32,
     pub(crate) owner: Owner,
     pub(crate) ips: Vec<Held>,
+}
+
+impl Record {
+    pub(crate) fn new(owner: Owner, ips: Vec<Held>) -> Record {
+        Record { version: plexus_node::format::IPAM_RECORD.current, owner, ips }
+    }
+
+    /// Refuse the record `bytes` at `key` when a later plexus wrote it (code 105), before it is
+    /// read as this build's record; what does not parse at all is each store's to judge.
+    pub(crate) fn refuse_later_format(bytes: &[u8], key: &str) -> Result<(), IpamError> {
+        #[derive(Deserialize)]
+        struct Versioned {
+            #[serde(default = "plexus_node::format::first")]
+            version: u32,
+        }
+        match serde_json::from_slice::<Versioned>(bytes) {
+            Ok(v) => plexus_node::format::IPAM_RECORD.check(key, v.version).map_err(IpamError::Format),
+            Err(_) => Ok(()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
