@@ -315,6 +315,49 @@ fn the_daemon_runs_its_own_build_of_a_delegate_in_process_and_execs_any_other() 
 }
 
 #[test]
+fn the_runtimes_trace_context_reaches_the_delegates_of_a_delegate_run_in_process_by_the_daemon() {
+    let n = Node::new();
+    let _d = n.daemon(&[]);
+    let c = n.conf("rail0");
+    // plexus-macvlan of this build runs in the daemon; its IPAM delegate, found first in binDir,
+    // is a wrapper that says what trace context it got, then execs plexus-ipam.
+    let seen = n.dir.path().join("traced");
+    let wrapper = n.dir.path().join("gate/plexus-ipam");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n[ -n \"$CNI_COMMAND\" ] && echo \"$CNI_COMMAND|$TRACEPARENT|$TRACESTATE|$BAGGAGE\" >> {}\nexec {}\n",
+            seen.display(),
+            bin_dir().join("plexus-ipam").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = |verb: &str, parent: &str| {
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &n.lab.pod.path(), "eth0", &bin_dir().display().to_string())
+            .env("TRACEPARENT", parent)
+            .env("TRACESTATE", "plexus=t61rcWkgMzE")
+            .env("BAGGAGE", "pod=trainer")
+            .stdin(&c)
+            .in_netns(&n.lab.node)
+            .run()
+    };
+    assert!(traced("ADD", parent).success());
+    assert!(traced("DEL", "not-a-traceparent").success());
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap(),
+        format!("ADD|{parent}|plexus=t61rcWkgMzE|pod=trainer\nDEL||plexus=t61rcWkgMzE|pod=trainer\n"),
+        "the daemon's request, its in-process plexus-macvlan and the IPAM it execs carry the shim's context; a \
+         malformed traceparent is not handed on"
+    );
+    assert!(!n.shim_log().contains("thin mode"), "{}", n.shim_log());
+    assert!(n.shim_log().contains("runs in-process: this build"), "{}", n.shim_log());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}
+
+#[test]
 fn delegates_run_in_process_leave_no_descriptor_behind_in_the_daemon() {
     let n = Node::new();
     let d = n.daemon(&[]);

@@ -129,7 +129,9 @@ impl Invocation {
                 args,
                 path,
                 netns_override: false,
-                vars: Vec::new(),
+                // A trace context in plexusctl's environment reaches the plugins, as cnitool's
+                // whole environment does.
+                vars: plexus_plugin::trace::carried(|k| std::env::var(k).ok()),
                 // The node policy's request limit, as a runtime's request gets it.
                 deadline: plexus_cni::Deadline::from_env(
                     |k| std::env::var(k).ok(),

@@ -218,6 +218,8 @@ fn child_env(command: Command, env: &CniEnv) -> std::io::Result<HashMap<String, 
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    // The trace context is the request's (`env.vars`), never what this process inherited.
+    vars.extend(crate::trace::TRACE_CONTEXT_ENV.iter().map(|(k, _)| (k.to_string(), None)));
     vars.extend(env.vars.iter().map(|(k, v)| (k.clone(), Some(v.clone()))));
     Ok(vars)
 }

@@ -16,6 +16,7 @@ pub mod logging;
 mod plugin;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 pub mod undo;
 
 pub use plugin::{

@@ -283,6 +283,9 @@ fn prepare(
     if let Some(file) = getenv(plexus_node::paths::POLICY_ENV).filter(|p| !p.is_empty()) {
         env.vars.push((plexus_node::paths::POLICY_ENV.to_string(), file));
     }
+    // So is the runtime's trace context (also where the process's own environment is not the
+    // runtime's: plexus-daemon, an in-process delegate).
+    env.vars.extend(crate::trace::carried(&getenv));
     Ok(Some(Request { env, version, config, stdin: raw, policy, log: LogTarget::default(), runner: Runner::default() }))
 }
 

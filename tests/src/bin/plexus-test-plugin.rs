@@ -1,4 +1,4 @@
-//! A minimal plugin on the plexus entry point, for testing `plexus-cni` as a process: ADD reports
+//! A minimal plugin on the plexus entry point, for testing `plexus-plugin` as a process: ADD reports
 //! an interface named `CNI_IFNAME` in `CNI_NETNS` plus whatever its IPAM delegate returns; every
 //! other verb is forwarded to the IPAM delegate. It changes no kernel state.
 //!
