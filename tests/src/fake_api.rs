@@ -35,6 +35,8 @@ struct State {
     nads: BTreeMap<(String, String), Value>,
     daemonsets: BTreeMap<(String, String), Value>,
     patches: Vec<(String, Value)>,
+    /// Events created (events.k8s.io/v1), as sent.
+    events: Vec<Value>,
     requests: Vec<String>,
     faults: Vec<Fault>,
 }
@@ -241,6 +243,11 @@ impl FakeApi {
         self.state.lock().unwrap().patches.clone()
     }
 
+    /// The events created, as sent.
+    pub fn events(&self) -> Vec<Value> {
+        self.state.lock().unwrap().events.clone()
+    }
+
     /// `METHOD path` of every request received.
     pub fn requests(&self) -> Vec<String> {
         self.state.lock().unwrap().requests.clone()
@@ -361,6 +368,15 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
                     respond(200, p)
                 }
                 None => respond(404, &status_body(404, "NotFound", &format!("pods \"{name}\" not found"))),
+            }
+        }
+        ("POST", ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"]) => {
+            let sent: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if sent["metadata"]["namespace"] != *ns || sent["regarding"]["namespace"] != *ns {
+                respond(422, &status_body(422, "Invalid", "event namespace does not match"))
+            } else {
+                s.events.push(sent.clone());
+                respond(201, &sent)
             }
         }
         // Lists of every namespace (the daemon's reflectors; a field selector is not applied).

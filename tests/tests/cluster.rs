@@ -430,6 +430,13 @@ fn kubelet_runs_a_pod_on_two_plexus_networks_and_a_missing_nad_fails_cleanly() {
     assert_eq!(names, ["bootstrap", "default/rail0", "default/hostdev"]);
     assert_eq!(status[1]["ips"][0], "198.18.240.1");
     assert_eq!(status[2]["ips"][0], "198.18.241.1");
+    // The pod is told, as Multus tells it (events.k8s.io, the DaemonSet's RBAC): kubectl
+    // describe shows an AddedInterface for each interface.
+    for added in ["Add net1 [198.18.240.1/24] from default/rail0", "Add net2 [198.18.241.1/24] from default/hostdev"] {
+        c.wait_event("default", "trainer", added);
+    }
+    let (_, described) = c.kubectl(&["-n", "default", "describe", "pod", "trainer"], None);
+    assert!(described.contains("AddedInterface") && described.contains("plexus"), "{described}");
     // Deleting the pod: both addresses released, the device back with its host state.
     c.delete("default", &["pod", "trainer"]);
     wait_until("addresses released", Duration::from_secs(30), || c.reservations() == 0);
@@ -440,6 +447,8 @@ fn kubelet_runs_a_pod_on_two_plexus_networks_and_a_missing_nad_fails_cleanly() {
     // A NAD that does not exist: the pod's events carry plexus's error, nothing leaks.
     c.apply(&c.pod("default", "orphan", "nosuch"));
     c.wait_event("default", "orphan", "cannot find a network-attachment-definition (nosuch) in namespace (default)");
+    let (_, described) = c.kubectl(&["-n", "default", "describe", "pod", "orphan"], None);
+    assert!(described.contains("FailedAddInterface"), "plexus's own warning:\n{described}");
     assert_eq!(c.reservations(), 0);
     c.delete("default", &["pod", "orphan"]);
     wait_until("no cache left", Duration::from_secs(30), || c.data_files("meta") == 0);

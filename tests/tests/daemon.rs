@@ -615,11 +615,26 @@ fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches
     let before = api.requests().len();
     let r = run("ADD").result();
     assert_eq!(r["ips"][0]["address"], "198.18.32.1/24");
-    // The ADD's only API request: the network-status PATCH (pod and NAD came from the caches),
-    // made after the answer.
+    // The ADD's only API requests: the network-status PATCH and the pod's AddedInterface event
+    // (pod and NAD came from the caches), both made after the answer.
     let status = n.wait_status(&api);
-    let during: Vec<String> = api.requests()[before..].to_vec();
-    assert_eq!(during, ["PATCH /api/v1/namespaces/default/pods/trainer"], "{during:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while api.events().is_empty() {
+        assert!(Instant::now() < deadline, "no event within 5 s of the ADD");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut during: Vec<String> = api.requests()[before..].to_vec();
+    during.sort();
+    assert_eq!(
+        during,
+        ["PATCH /api/v1/namespaces/default/pods/trainer", "POST /apis/events.k8s.io/v1/namespaces/default/events"],
+        "{during:?}"
+    );
+    let e = &api.events()[0];
+    assert_eq!((&e["type"], &e["reason"]), (&json!("Normal"), &json!("AddedInterface")));
+    assert_eq!(e["note"], "Add net1 [198.18.32.1/24] from default/rail0");
+    assert_eq!(e["regarding"]["uid"], "uid-trainer");
+    assert_eq!(count(&d, "api_requests_total{request=\"create_event\"}"), 1.0);
     assert_eq!(status[0]["name"], "default/rail0");
     assert_eq!(status[0]["ips"][0], "198.18.32.1");
     assert_eq!(count(&d, "cached_objects{kind=\"network-attachment-definition\"}"), 1.0);

@@ -205,13 +205,14 @@ fn deployment_manifests_are_well_formed_kubernetes_objects_with_least_rights() {
         assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
         let sa = of_kind(&objs, "ServiceAccount")[0];
         // RBAC: exactly get+patch on pods and get on NADs for the shim, list+watch of both for the
-        // daemon's caches; the binding names the service account.
+        // daemon's caches, create of events (about pods); the binding names the service account.
         let role = of_kind(&objs, "ClusterRole")[0];
         assert_eq!(
             role["rules"],
             json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch", "list", "watch"]},
                     {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
-                     "verbs": ["get", "list", "watch"]}])
+                     "verbs": ["get", "list", "watch"]},
+                    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}])
         );
         let binding = of_kind(&objs, "ClusterRoleBinding")[0];
         assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);

@@ -72,6 +72,35 @@ impl Cluster {
     fn pod_links(&self) -> Vec<String> {
         self.lab.pod.links().into_iter().map(|l| l.ifname).collect()
     }
+
+    /// The events recorded about pod ml/trainer-0 (of its UID), as `type reason: note`, sorted
+    /// (they are written at once).
+    fn told(&self) -> Vec<String> {
+        let mut told: Vec<String> = self
+            .api
+            .events()
+            .iter()
+            .map(|e| {
+                assert_eq!(
+                    (e["regarding"]["kind"].as_str(), e["regarding"]["name"].as_str(), e["regarding"]["uid"].as_str()),
+                    (Some("Pod"), Some("trainer-0"), Some("uid-1")),
+                    "{e}"
+                );
+                assert_eq!(
+                    (e["reportingController"].as_str(), e["metadata"]["namespace"].as_str()),
+                    (Some("plexus"), Some("ml"))
+                );
+                format!(
+                    "{} {}: {}",
+                    e["type"].as_str().unwrap(),
+                    e["reason"].as_str().unwrap(),
+                    e["note"].as_str().unwrap()
+                )
+            })
+            .collect();
+        told.sort();
+        told
+    }
 }
 
 #[test]
@@ -104,8 +133,17 @@ fn the_pod_annotation_attaches_two_networks_and_network_status_is_patched() {
         r#"[{"name":"rail0"},{"name":"rail1","namespace":"ml","interface":"roce1"}]"#,
         "the merge patch keeps the other annotations"
     );
+    // The pod is told, as Multus tells it: one AddedInterface per interface.
+    assert_eq!(
+        c.told(),
+        [
+            "Normal AddedInterface: Add net1 [198.18.30.1/24] from ml/rail0",
+            "Normal AddedInterface: Add roce1 [198.18.31.1/24] from ml/rail1"
+        ]
+    );
     assert!(c.run("DEL", &c.conf()).success());
     assert_eq!((c.pod_links(), c.held()), (vec!["lo".to_string()], 0));
+    assert_eq!(c.told().len(), 2, "a DEL that released everything says nothing");
 }
 
 #[test]
@@ -149,6 +187,31 @@ fn a_failing_second_delegate_rolls_back_the_first_and_no_status_is_written() {
     assert!(msg.contains("[ml/trainer-0] adding network ml/broken (net2)"), "{msg}");
     assert_eq!((c.pod_links(), c.held()), (vec!["lo".to_string()], 0));
     assert!(c.api.patches().is_empty());
+    let told = c.told();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(
+        told[0].starts_with("Warning FailedAddInterface: [ml/trainer-0] adding network ml/broken (net2)"),
+        "{told:?}"
+    );
+}
+
+#[test]
+fn a_del_that_cannot_release_an_attachment_warns_the_pod_naming_the_network() {
+    let c = Cluster::new("rail0,stuck");
+    c.api.add_nad(
+        "ml",
+        "stuck",
+        &json!({"cniVersion": "1.0.0", "type": "plexus-test-plugin", "panicOn": "DEL"}),
+        json!({}),
+    );
+    assert!(c.run("ADD", &c.conf()).success());
+    let (code, msg, _) = c.run("DEL", &c.conf()).error();
+    assert_eq!(code, 999, "{msg}");
+    let told = c.told();
+    assert_eq!(told.len(), 3, "{told:?}");
+    assert!(told[2].starts_with("Warning FailedDeleteInterface: DEL failed for 1 attachment(s)"), "{told:?}");
+    assert!(told[2].contains("ml/stuck"), "{told:?}");
+    assert_eq!(c.pod_links(), ["lo"], "the attachment that could be released was");
 }
 
 #[test]
@@ -211,6 +274,14 @@ fn namespace_isolation_and_missing_nads_are_refused_by_name() {
     conf["globalNamespaces"] = json!("other");
     let (code, msg, _) = c.run("ADD", &conf).error();
     assert_eq!((code, msg.as_str()), (7, "cannot find a network-attachment-definition (rail0) in namespace (other)"));
+    // Each refusal told to the pod.
+    let told = c.told();
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert_eq!(
+        told[0],
+        "Warning FailedAddInterface: cannot find a network-attachment-definition (rail0) in namespace (other)"
+    );
+    assert!(told[1].starts_with("Warning FailedAddInterface: namespace isolation: pod ml/trainer-0"), "{told:?}");
 }
 
 #[test]

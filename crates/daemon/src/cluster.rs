@@ -14,11 +14,13 @@ use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use plexus_k8s::api::{ApiClient, PodInfo};
+use plexus_k8s::events::PodEvent;
 use plexus_k8s::nad::{NadSource, RESOURCE_NAME_ANNOTATION};
 use plexus_k8s::selection::{DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION};
 use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_k8s::{K8sError, Nad};
 
+use crate::events::EventWriter;
 use crate::metrics::Metrics;
 use crate::status::{Patch, StatusWriter};
 
@@ -212,6 +214,8 @@ pub struct Caches {
     synced: Arc<AtomicBool>,
     /// network-status, journaled and written after the answer.
     pub status: Arc<StatusWriter>,
+    /// Events about pods, written after the answer.
+    events: EventWriter,
 }
 
 /// The caches' kinds, as the metrics label them.
@@ -305,8 +309,17 @@ impl Caches {
         });
         let status = StatusWriter::new(patch, journal, STATUS_RETRY)
             .map_err(|e| anyhow::anyhow!("network-status journal {}: {e}", journal.display()))?;
-        let caches =
-            Arc::new(Caches { nads: nads.clone(), pods: pods.clone(), api, metrics, synced: synced.clone(), status });
+        let events = EventWriter::start(api.clone(), metrics.clone())
+            .map_err(|e| anyhow::anyhow!("start the event writer: {e}"))?;
+        let caches = Arc::new(Caches {
+            nads: nads.clone(),
+            pods: pods.clone(),
+            api,
+            metrics,
+            synced: synced.clone(),
+            status,
+            events,
+        });
         tokio::spawn(async move {
             let (a, b) = tokio::join!(nads.wait_until_ready(), pods.wait_until_ready());
             if a.is_ok() && b.is_ok() {
@@ -368,6 +381,11 @@ impl plexus::ClusterView for Caches {
     /// ADD; a daemon outlives the call).
     fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         self.status.submit(pod, statuses)
+    }
+
+    /// Queued and written after the answer ([`EventWriter`]).
+    fn record_events(&self, events: &[PodEvent]) {
+        self.events.submit(events)
     }
 }
 

@@ -9,6 +9,7 @@
 //! connects and runs delegates.
 
 mod cluster;
+mod events;
 mod http;
 mod metrics;
 mod server;

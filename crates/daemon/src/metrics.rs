@@ -31,6 +31,7 @@ pub struct Metrics {
     api: Family<Labels, Counter>,
     refused: Counter,
     overrun: Counter,
+    events_dropped: Counter,
     in_flight: Gauge<i64, std::sync::atomic::AtomicI64>,
     cached: Family<Labels, Gauge<u64, AtomicU64>>,
     watch_events: Family<Labels, Counter>,
@@ -48,6 +49,7 @@ impl Metrics {
         let api = Family::<Labels, Counter>::default();
         let refused = Counter::default();
         let overrun = Counter::default();
+        let events_dropped = Counter::default();
         let in_flight = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
         let cached = Family::<Labels, Gauge<u64, AtomicU64>>::default();
         let watch_events = Family::<Labels, Counter>::default();
@@ -64,6 +66,11 @@ impl Metrics {
             "requests_overrun",
             "Requests still running at their deadline: answered with code 11, their slot given back",
             overrun.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events about pods dropped because the queue of events to write was full",
+            events_dropped.clone(),
         );
         registry.register("requests_in_flight", "Requests taken and not yet answered", in_flight.clone());
         registry.register("cached_objects", "Objects in the watch caches, by kind", cached.clone());
@@ -86,6 +93,7 @@ impl Metrics {
             api,
             refused,
             overrun,
+            events_dropped,
             in_flight,
             cached,
             watch_events,
@@ -120,6 +128,10 @@ impl Metrics {
 
     pub fn overrun(&self) {
         self.overrun.inc();
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     pub fn in_flight(&self, delta: i64) {

@@ -279,6 +279,20 @@ impl ApiClient {
         }))
     }
 
+    /// Record `event` (best effort: the caller logs what the API did not take).
+    pub fn record_event(&self, event: &crate::events::PodEvent, instance: &str) -> Result<(), K8sError> {
+        let ns = &event.pod.namespace;
+        let body = serde_json::to_value(event.object(instance, k8s_openapi::jiff::Timestamp::now()))
+            .map_err(|e| K8sError::Config(e.to_string()))?;
+        let what = format!("create event {} on pod {ns}/{}", event.reason, event.pod.name);
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events");
+        match self.send(&what, http::Method::POST, &path, "application/json", Some(&body))? {
+            Reply::Ok(_) => Ok(()),
+            Reply::NotFound => Err(K8sError::Refused(format!("{what}: not found"))),
+            Reply::Conflict(m) => Err(K8sError::Refused(format!("{what}: {m}"))),
+        }
+    }
+
     /// Set `k8s.v1.cni.cncf.io/network-status` with a JSON merge patch; a pod that is gone is
     /// not an error. With the pod's `uid` (when known) the patch names it: a later pod of the same
     /// name is not patched (the API refuses the patch, 422: `metadata.uid` is immutable).

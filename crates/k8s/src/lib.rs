@@ -7,6 +7,8 @@
 pub mod api;
 pub mod checkpoint;
 pub mod error;
+#[cfg(feature = "client")]
+pub mod events;
 pub mod nad;
 #[cfg(feature = "client")]
 pub mod podresources;

@@ -19,6 +19,7 @@ mod attachment;
 mod cache;
 mod conf;
 mod delegates;
+mod events;
 mod plan;
 mod pod;
 pub mod shim;
@@ -33,6 +34,7 @@ use delegates::{Chains, Delegates};
 use plan::{Pod, SelectionSource};
 use plexus_cni::{CniResult, Command, Error, ErrorList, code};
 use plexus_k8s::api::{ApiClient, PodInfo};
+use plexus_k8s::events::PodEvent;
 use plexus_k8s::nad::{DirSource, NadSource};
 use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_k8s::{K8sError, Nad, status};
@@ -89,6 +91,9 @@ pub trait ClusterView: NadSource + Send + Sync {
     /// Write `k8s.v1.cni.cncf.io/network-status` on `pod` (of its UID; none: whichever pod has
     /// the name).
     fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError>;
+    /// Record events about pods, best effort: what the API does not take is logged, never an
+    /// error of the request.
+    fn record_events(&self, events: &[PodEvent]);
 }
 
 impl ClusterView for ApiClient {
@@ -97,6 +102,19 @@ impl ClusterView for ApiClient {
     }
     fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         ApiClient::set_network_status(self, pod, statuses)
+    }
+    /// At once, each on a thread of its own (a pod of eight networks waits for one round trip).
+    fn record_events(&self, events: &[PodEvent]) {
+        let instance = plexus_k8s::events::reporting_instance();
+        let answers: Vec<_> = std::thread::scope(|s| {
+            let sent: Vec<_> = events.iter().map(|e| s.spawn(|| self.record_event(e, &instance))).collect();
+            sent.into_iter().map(|h| h.join()).collect()
+        });
+        for (e, answer) in events.iter().zip(answers) {
+            if let Ok(Err(why)) = answer {
+                tracing::warn!("event {} on pod {}/{} not recorded: {why}", e.reason, e.pod.namespace, e.pod.name);
+            }
+        }
     }
 }
 
@@ -448,29 +466,23 @@ impl std::fmt::Display for Step {
     }
 }
 
-impl Plugin for Meta {
-    fn known_args(&self) -> &'static [&'static str] {
-        &["IP", "MAC", "GATEWAY"]
-    }
-
-    /// The meta config is the admin's (the CNI conf dir), unless plexus runs as a delegate of
-    /// plexus — then it is a network's, and refused.
-    fn admin_config(&self, _req: &Request) -> bool {
-        !conf::running_as_delegate()
-    }
-
-    fn add(&self, req: &Request) -> Result<CniResult, Error> {
-        let conf = MetaConf::load(req)?;
-        conf.wait_ready(req.env.deadline)?;
-        let pod = Pod::from_request(req);
-        let base = delegate_env(req, &conf, &pod);
-        let cluster = cluster(&conf, self.view.as_ref())?;
+impl Meta {
+    /// ADD once the pod and its cluster are known: the attachments planned, cached, attached
+    /// (rolled back on failure), and the result with the events to tell the pod.
+    fn attach_pod(
+        &self,
+        req: &Request,
+        conf: &MetaConf,
+        pod: &Pod,
+        base: &DelegateEnv,
+        cluster: &Cluster,
+    ) -> Result<(CniResult, Vec<PodEvent>), Error> {
         let mut state = cache::Cache {
             version: cache::CACHE_VERSION,
             container_id: req.env.container_id.clone(),
             netns: req.env.netns.clone(),
             pod_ref: pod.reference(),
-            attachments: attachments_for(req, &conf, &pod, &cluster, &base)?,
+            attachments: attachments_for(req, conf, pod, cluster, base)?,
         };
         if state.attachments.is_empty() {
             return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
@@ -488,24 +500,54 @@ impl Plugin for Meta {
         let mut add_env = base.clone();
         add_env.cni.deadline = base.cni.deadline.keeping_for_undo();
         let delegates = &*self.delegates;
-        let attached = attach_all(&mut state, conf.parallel, &pod, &add_env, &cache_path, &mut undo, delegates)
+        let attached = attach_all(&mut state, conf.parallel, pod, &add_env, &cache_path, &mut undo, delegates)
             .and_then(|mut results| {
                 apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
                     .map_err(|e| e.context("default-route"))?;
-                write_status(&cluster, &pod, &state.attachments, &results)
+                write_status(cluster, pod, &state.attachments, &results)
                     .map_err(|e| e.context("set network-status"))?;
                 Ok(results)
             });
         let mut results = match attached {
             Ok(results) => results,
-            Err(e) => return Err(roll_back(undo, e, &state.attachments, &base, &req.policy, delegates)),
+            Err(e) => return Err(roll_back(undo, e, &state.attachments, base, &req.policy, delegates)),
         };
         undo.commit();
+        let told = events::added(pod, &state.attachments, &results);
         let cluster_network = state.attachments.iter().position(|a| a.cluster_network);
-        Ok(match cluster_network {
+        let result = match cluster_network {
             Some(i) => results.swap_remove(i),
             None => attachment::combine(&results),
-        })
+        };
+        Ok((result, told))
+    }
+}
+
+impl Plugin for Meta {
+    fn known_args(&self) -> &'static [&'static str] {
+        &["IP", "MAC", "GATEWAY"]
+    }
+
+    /// The meta config is the admin's (the CNI conf dir), unless plexus runs as a delegate of
+    /// plexus — then it is a network's, and refused.
+    fn admin_config(&self, _req: &Request) -> bool {
+        !conf::running_as_delegate()
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, Error> {
+        let conf = MetaConf::load(req)?;
+        conf.wait_ready(req.env.deadline)?;
+        let pod = Pod::from_request(req);
+        let base = delegate_env(req, &conf, &pod);
+        let cluster = cluster(&conf, self.view.as_ref())?;
+        let added = self.attach_pod(req, &conf, &pod, &base, &cluster);
+        if let Cluster::Api(api) = &cluster {
+            match &added {
+                Ok((_, told)) => events::tell(api.as_ref(), told),
+                Err(e) => events::tell(api.as_ref(), &events::add_failed(&pod, e)),
+            }
+        }
+        added.map(|(result, _)| result)
     }
 
     fn del(&self, req: &Request) -> Result<(), Error> {
@@ -539,7 +581,13 @@ impl Plugin for Meta {
         }
         cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
         let n = errors.len();
-        errors.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
+        let deleted = errors.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"));
+        if let Err(e) = &deleted
+            && let Ok(Cluster::Api(api)) = cluster(&conf, self.view.as_ref())
+        {
+            events::tell(api.as_ref(), &events::delete_failed(&pod, e));
+        }
+        deleted
     }
 
     fn check(&self, req: &Request) -> Result<(), Error> {

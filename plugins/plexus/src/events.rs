@@ -1,0 +1,51 @@
+//! What the meta-plugin tells a pod (`plexus_k8s::events`): an `AddedInterface` event for each
+//! interface an ADD attached, a warning when an ADD failed or a DEL could not release everything.
+//! Best effort, as Multus's: the cluster view writes them (thin mode: at once, in parallel; the
+//! daemon: in the background) and logs what the API did not take.
+
+use plexus_cni::{CniResult, Error};
+use plexus_k8s::events::PodEvent;
+
+use crate::ClusterView;
+use crate::attachment::Attachment;
+use crate::plan::Pod;
+
+/// Tell the pod `events` (none for a request of no pod).
+pub(crate) fn tell(view: &dyn ClusterView, events: &[PodEvent]) {
+    if !events.is_empty() {
+        view.record_events(events);
+    }
+}
+
+/// One `AddedInterface` per interface of each attachment's result in the pod (the attachment's
+/// own name when its result names none), with the addresses on it.
+pub(crate) fn added(pod: &Pod, attachments: &[Attachment], results: &[CniResult]) -> Vec<PodEvent> {
+    if pod.name.is_empty() {
+        return Vec::new();
+    }
+    let who = pod.status_ref();
+    attachments
+        .iter()
+        .zip(results)
+        .map(|(a, r)| {
+            let addresses: Vec<String> = r.ips.iter().map(|ip| ip.address.to_string()).collect();
+            PodEvent::added_interface(&who, &a.ifname, &addresses, &a.network)
+        })
+        .collect()
+}
+
+/// The warning of an ADD that failed: its error names the network and the cause.
+pub(crate) fn add_failed(pod: &Pod, e: &Error) -> Vec<PodEvent> {
+    if pod.name.is_empty() {
+        return Vec::new();
+    }
+    vec![PodEvent::add_failed(&pod.status_ref(), &e.to_string())]
+}
+
+/// The warning of a DEL that could not release everything.
+pub(crate) fn delete_failed(pod: &Pod, e: &Error) -> Vec<PodEvent> {
+    if pod.name.is_empty() {
+        return Vec::new();
+    }
+    vec![PodEvent::delete_failed(&pod.status_ref(), &e.to_string())]
+}
