@@ -3,18 +3,24 @@
 //! Best effort, as Multus's: the cluster view writes them (thin mode: at once, in parallel; the
 //! daemon: in the background) and logs what the API did not take.
 
-use plexus_cni::{CniResult, Error};
+use plexus_cni::{CniResult, Deadline, Error};
 use plexus_k8s::events::PodEvent;
 
 use crate::ClusterView;
 use crate::attachment::Attachment;
 use crate::plan::Pod;
 
-/// Tell the pod `events` (none for a request of no pod).
-pub(crate) fn tell(view: &dyn ClusterView, events: &[PodEvent]) {
-    if !events.is_empty() {
-        view.record_events(events);
+/// Tell the pod `events` (none for a request of no pod), while the request has time left: an
+/// event never holds a request past its deadline.
+pub(crate) fn tell(view: &dyn ClusterView, events: &[PodEvent], deadline: Deadline) {
+    if events.is_empty() {
+        return;
     }
+    if deadline.passed() {
+        tracing::warn!("{} event(s) not recorded: the request's deadline has passed", events.len());
+        return;
+    }
+    view.record_events(events);
 }
 
 /// One `AddedInterface` per interface of each attachment's result in the pod (the attachment's

@@ -543,8 +543,8 @@ impl Plugin for Meta {
         let added = self.attach_pod(req, &conf, &pod, &base, &cluster);
         if let Cluster::Api(api) = &cluster {
             match &added {
-                Ok((_, told)) => events::tell(api.as_ref(), told),
-                Err(e) => events::tell(api.as_ref(), &events::add_failed(&pod, e)),
+                Ok((_, told)) => events::tell(api.as_ref(), told, req.env.deadline),
+                Err(e) => events::tell(api.as_ref(), &events::add_failed(&pod, e), req.env.deadline),
             }
         }
         added.map(|(result, _)| result)
@@ -585,7 +585,7 @@ impl Plugin for Meta {
         if let Err(e) = &deleted
             && let Ok(Cluster::Api(api)) = cluster(&conf, self.view.as_ref())
         {
-            events::tell(api.as_ref(), &events::delete_failed(&pod, e));
+            events::tell(api.as_ref(), &events::delete_failed(&pod, e), req.env.deadline);
         }
         deleted
     }
