@@ -1,4 +1,4 @@
-//! Delegation end to end: plexus-cni finds and runs real plugins (the Debian reference `static`
+//! Delegation end to end: plexus-plugin finds and runs real plugins (the Debian reference `static`
 //! IPAM) and surfaces their results and errors.
 
 use std::os::unix::fs::PermissionsExt;

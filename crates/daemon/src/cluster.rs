@@ -383,8 +383,8 @@ impl plexus::ClusterView for Caches {
         self.status.submit(pod, statuses)
     }
 
-    /// Queued and written after the answer ([`EventWriter`]).
-    fn record_events(&self, events: &[PodEvent]) {
+    /// Queued and written after the answer ([`EventWriter`]): the request does not wait for them.
+    fn record_events(&self, events: &[PodEvent], _deadline: plexus_cni::Deadline) {
         self.events.submit(events)
     }
 }

@@ -14,6 +14,9 @@ use crate::metrics::Metrics;
 /// The most events waiting to be written.
 pub const QUEUE_MAX: usize = 1024;
 
+/// How long one event's write may take (one try; the API client's own timeout if shorter).
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub struct EventWriter {
     queue: SyncSender<PodEvent>,
     metrics: Arc<Metrics>,
@@ -28,7 +31,7 @@ impl EventWriter {
         std::thread::Builder::new().name("events".into()).spawn(move || {
             for e in events {
                 m.api_request("create_event");
-                if let Err(why) = api.record_event(&e, &instance) {
+                if let Err(why) = api.record_event(&e, &instance, WRITE_TIMEOUT) {
                     tracing::warn!("event {} on pod {}/{} not recorded: {why}", e.reason, e.pod.namespace, e.pod.name);
                 }
             }

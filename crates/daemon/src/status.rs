@@ -49,8 +49,7 @@ impl Entry {
     /// later plexus wrote it, before it is read as this build's.
     fn parse(bytes: &[u8], file: &Path) -> Result<Option<Entry>, plexus_cni::Error> {
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Ok(None) };
-        let version = value.get("version").and_then(serde_json::Value::as_u64).unwrap_or(1);
-        STATUS_JOURNAL.check(&file.display().to_string(), u32::try_from(version).unwrap_or(u32::MAX))?;
+        STATUS_JOURNAL.check(&file.display().to_string(), plexus_node::format::version_of(&value))?;
         Ok(serde_json::from_value(value).ok())
     }
 }

@@ -190,14 +190,29 @@ impl ApiClient {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
+        self.attempt_within(what, ATTEMPTS, self.timeout, call)
+    }
+
+    /// [`ApiClient::attempt`] with at most `tries` and `timeout` each.
+    fn attempt_within<T, F, Fut>(
+        &self,
+        what: &str,
+        tries: usize,
+        timeout: Duration,
+        call: F,
+    ) -> Result<Outcome<T>, K8sError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
         plexus_node::fault::at(plexus_node::fault::Point::Api)
             .map_err(|e| K8sError::Unavailable(format!("{what}: {e}")))?;
         self.rt.block_on(async {
             let mut last = String::new();
-            for attempt in 0..ATTEMPTS {
-                match tokio::time::timeout(self.timeout, call()).await {
+            for attempt in 0..tries {
+                match tokio::time::timeout(timeout, call()).await {
                     Err(_) => {
-                        return Err(K8sError::Unavailable(format!("{what}: no answer within {:?}", self.timeout)));
+                        return Err(K8sError::Unavailable(format!("{what}: no answer within {timeout:?}")));
                     }
                     Ok(Ok(v)) => return Ok(Outcome::Done(v)),
                     Ok(Err(e)) => match classify(e) {
@@ -210,7 +225,7 @@ impl ApiClient {
                 }
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
             }
-            Err(K8sError::Unavailable(format!("{what}: {last} (after {ATTEMPTS} attempts)")))
+            Err(K8sError::Unavailable(format!("{what}: {last} (after {tries} attempts)")))
         })
     }
 
@@ -279,17 +294,33 @@ impl ApiClient {
         }))
     }
 
-    /// Record `event` (best effort: the caller logs what the API did not take).
-    pub fn record_event(&self, event: &crate::events::PodEvent, instance: &str) -> Result<(), K8sError> {
+    /// Record `event`, one try of at most `within` (and the client's timeout): best effort, the
+    /// caller logs what the API did not take.
+    pub fn record_event(
+        &self,
+        event: &crate::events::PodEvent,
+        instance: &str,
+        within: Duration,
+    ) -> Result<(), K8sError> {
         let ns = &event.pod.namespace;
-        let body = serde_json::to_value(event.object(instance, k8s_openapi::jiff::Timestamp::now()))
+        let body = serde_json::to_vec(&event.object(instance, k8s_openapi::jiff::Timestamp::now()))
             .map_err(|e| K8sError::Config(e.to_string()))?;
         let what = format!("create event {} on pod {ns}/{}", event.reason, event.pod.name);
         let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events");
-        match self.send(&what, http::Method::POST, &path, "application/json", Some(&body))? {
-            Reply::Ok(_) => Ok(()),
-            Reply::NotFound => Err(K8sError::Refused(format!("{what}: not found"))),
-            Reply::Conflict(m) => Err(K8sError::Refused(format!("{what}: {m}"))),
+        let request = || {
+            let req = http::Request::builder()
+                .method(http::Method::POST)
+                .uri(&path)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header(http::header::ACCEPT, ACCEPT_OBJECT)
+                .body(body.clone())
+                .expect("request");
+            self.client.request::<serde_json::Value>(req)
+        };
+        match self.attempt_within(&what, 1, within.min(self.timeout), request)? {
+            Outcome::Done(_) => Ok(()),
+            Outcome::NotFound => Err(K8sError::Refused(format!("{what}: not found"))),
+            Outcome::Conflict(m) => Err(K8sError::Refused(format!("{what}: {m}"))),
         }
     }
 

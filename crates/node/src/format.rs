@@ -22,7 +22,8 @@ pub struct Format {
 pub const META_CACHE: Format = Format { what: "the meta-plugin's delegate cache", current: 1 };
 /// plexus-host-device's state of a device it moved (`<dataDir>/<containerID>=<ifname>`).
 pub const HOST_DEVICE_STATE: Format = Format { what: "plexus-host-device's state file", current: 1 };
-/// plexus-ipam's record of an attachment (the file store's `attachments/`, the etcd store's values).
+/// plexus-ipam's record of an attachment (the file store's `attachments/`, the etcd store's
+/// record values; its address and pod-index entries are not versioned: they hold a key only).
 pub const IPAM_RECORD: Format = Format { what: "plexus-ipam's attachment record", current: 1 };
 /// plexus-daemon's network-status journal (one file per pod).
 pub const STATUS_JOURNAL: Format = Format { what: "plexus-daemon's network-status journal entry", current: 1 };
@@ -30,6 +31,15 @@ pub const STATUS_JOURNAL: Format = Format { what: "plexus-daemon's network-statu
 /// The version of a file that carries none: the first.
 pub fn first() -> u32 {
     1
+}
+
+/// The version a file's JSON says it is: [`first`] when it says none; anything but a number
+/// (which no plexus writes) is taken as later than every build reads.
+pub fn version_of(file: &serde_json::Value) -> u32 {
+    match file.get("version") {
+        None => first(),
+        Some(v) => v.as_u64().and_then(|v| u32::try_from(v).ok()).unwrap_or(u32::MAX),
+    }
 }
 
 impl Format {
@@ -54,6 +64,16 @@ impl Format {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_without_a_version_is_the_first_and_one_that_is_not_a_number_is_refused() {
+        assert_eq!(version_of(&serde_json::json!({"name": "x"})), 1);
+        assert_eq!(version_of(&serde_json::json!({"version": 2})), 2);
+        for odd in [serde_json::json!("1"), serde_json::json!(-1), serde_json::json!(1.5), serde_json::json!(u64::MAX)]
+        {
+            assert_eq!(version_of(&serde_json::json!({ "version": odd })), u32::MAX, "{odd}");
+        }
+    }
 
     #[test]
     fn a_format_reads_every_version_up_to_its_own_and_names_a_later_one() {

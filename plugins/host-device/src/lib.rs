@@ -251,6 +251,8 @@ impl<K: Kernel> Add<'_, K> {
         let mut host = HostState::capture(self.node_sock, link, hw.pci_address.clone(), &tag).await?;
         host.netns = Some(self.pod.path().to_path_buf());
         let state_path = state::path(data_dir.dir(), &self.req.env.container_id, ifname);
+        // A later plexus's state of this attachment is neither written over nor removed.
+        state::load(&state_path)?;
         let mut undo = Undo::new();
         let mut ipam = IpamStep::None;
         match self.steps(link, &hw, &state_path, &mut host, &mut ipam, &mut undo).await {

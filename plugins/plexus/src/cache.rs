@@ -164,20 +164,22 @@ pub fn remove_stale_leftovers(cni_dir: &Path, age: std::time::Duration) {
     }
 }
 
-/// Every cache in `cni_dir` that this build reads (GC); one it cannot is logged and left alone.
-pub fn all(cni_dir: &Path) -> Vec<(PathBuf, Cache)> {
-    let Ok(entries) = std::fs::read_dir(cni_dir) else { return Vec::new() };
-    entries
-        .flatten()
-        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .filter_map(|e| match load(&e.path()) {
-            Ok(c) => Some((e.path(), c?)),
+/// Every cache in `cni_dir` (GC): those this build reads, and the container IDs (file names) of
+/// those it cannot, which are logged and left alone.
+pub fn all(cni_dir: &Path) -> (Vec<(PathBuf, Cache)>, Vec<String>) {
+    let (mut read, mut unread) = (Vec::new(), Vec::new());
+    let Ok(entries) = std::fs::read_dir(cni_dir) else { return (read, unread) };
+    for e in entries.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')) {
+        match load(&e.path()) {
+            Ok(Some(c)) => read.push((e.path(), c)),
+            Ok(None) => {}
             Err(why) => {
                 tracing::warn!("GC leaves {} alone: {why}", e.path().display());
-                None
+                unread.push(e.file_name().to_string_lossy().into_owned());
             }
-        })
-        .collect()
+        }
+    }
+    (read, unread)
 }
 
 #[cfg(test)]
@@ -304,7 +306,9 @@ mod tests {
             e.msg.starts_with(&format!("{}: the meta-plugin's delegate cache of format version 2", path.display())),
             "{e}"
         );
-        assert!(all(dir.path()).is_empty(), "GC reads no cache it cannot");
+        let (read, unread) = all(dir.path());
+        assert!(read.is_empty(), "GC reads no cache it cannot");
+        assert_eq!(unread, ["c1"], "and says which");
         assert!(path.exists());
     }
 }

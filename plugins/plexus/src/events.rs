@@ -20,7 +20,7 @@ pub(crate) fn tell(view: &dyn ClusterView, events: &[PodEvent], deadline: Deadli
         tracing::warn!("{} event(s) not recorded: the request's deadline has passed", events.len());
         return;
     }
-    view.record_events(events);
+    view.record_events(events, deadline);
 }
 
 /// One `AddedInterface` per interface of each attachment's result in the pod (the attachment's
@@ -40,18 +40,21 @@ pub(crate) fn added(pod: &Pod, attachments: &[Attachment], results: &[CniResult]
         .collect()
 }
 
-/// The warning of an ADD that failed: its error names the network and the cause.
+/// The warning of an ADD that failed: its error's message names the network and the cause (its
+/// details — a delegate's output, node paths — stay in the runtime's log).
 pub(crate) fn add_failed(pod: &Pod, e: &Error) -> Vec<PodEvent> {
     if pod.name.is_empty() {
         return Vec::new();
     }
-    vec![PodEvent::add_failed(&pod.status_ref(), &e.to_string())]
+    vec![PodEvent::add_failed(&pod.status_ref(), &e.msg)]
 }
 
-/// The warning of a DEL that could not release everything.
+/// The warning of a DEL that could not release everything, naming each network and its cause.
 pub(crate) fn delete_failed(pod: &Pod, e: &Error) -> Vec<PodEvent> {
     if pod.name.is_empty() {
         return Vec::new();
     }
-    vec![PodEvent::delete_failed(&pod.status_ref(), &e.to_string())]
+    // The message says how many; its details name each network with its cause.
+    let note = if e.details.is_empty() { e.msg.clone() } else { format!("{}: {}", e.msg, e.details) };
+    vec![PodEvent::delete_failed(&pod.status_ref(), &note)]
 }

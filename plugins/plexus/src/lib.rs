@@ -92,8 +92,8 @@ pub trait ClusterView: NadSource + Send + Sync {
     /// the name).
     fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError>;
     /// Record events about pods, best effort: what the API does not take is logged, never an
-    /// error of the request.
-    fn record_events(&self, events: &[PodEvent]);
+    /// error of the request, and nothing holds the request past `deadline`.
+    fn record_events(&self, events: &[PodEvent], deadline: plexus_cni::Deadline);
 }
 
 impl ClusterView for ApiClient {
@@ -103,11 +103,13 @@ impl ClusterView for ApiClient {
     fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         ApiClient::set_network_status(self, pod, statuses)
     }
-    /// At once, each on a thread of its own (a pod of eight networks waits for one round trip).
-    fn record_events(&self, events: &[PodEvent]) {
+    /// At once, each on a thread of its own (a pod of eight networks waits for one round trip),
+    /// one try each within what is left of the request.
+    fn record_events(&self, events: &[PodEvent], deadline: plexus_cni::Deadline) {
         let instance = plexus_k8s::events::reporting_instance();
+        let within = deadline.remaining();
         let answers: Vec<_> = std::thread::scope(|s| {
-            let sent: Vec<_> = events.iter().map(|e| s.spawn(|| self.record_event(e, &instance))).collect();
+            let sent: Vec<_> = events.iter().map(|e| s.spawn(|| self.record_event(e, &instance, within))).collect();
             sent.into_iter().map(|h| h.join()).collect()
         });
         for (e, answer) in events.iter().zip(answers) {
@@ -492,6 +494,11 @@ impl Meta {
         let pod_netns = PodNetns::open(req.netns().expect("ADD has CNI_NETNS"))?;
         pod_netns.refuse_taken_names(&state.attachments)?;
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
+        // A later plexus's cache of this container is neither written over nor, by a rollback,
+        // removed.
+        if let Err(too_new @ cache::Unusable::TooNew(_)) = cache::load(&cache_path) {
+            return Err(too_new.error(&cache_path, code::INTERNAL));
+        }
         // Before any delegate runs: a crash from here on leaves what DEL needs.
         cache::save(&cache_path, &state)?;
         let mut undo = Undo::new();
@@ -628,7 +635,8 @@ impl Plugin for Meta {
         cache::remove_stale_leftovers(&conf.cni_dir, std::time::Duration::from_secs(60));
         // Attachments of containers the runtime no longer knows: DEL them from their caches.
         let mut kept = Vec::new();
-        for (path, c) in cache::all(&conf.cni_dir) {
+        let (caches, unread) = cache::all(&conf.cni_dir);
+        for (path, c) in caches {
             if valid.iter().any(|v| v.container_id == c.container_id) {
                 kept.push(c);
                 continue;
@@ -645,7 +653,16 @@ impl Plugin for Meta {
             ));
             let _ = files::remove_if_present(&path);
         }
-        // Then GC on every delegate network, with the attachments still valid for it.
+        // Then GC on every delegate network, with the attachments still valid for it — unless a
+        // container still valid has a cache this build cannot read: its attachments are not known,
+        // and a delegate would take them for stale and release them.
+        if let Some(c) = unread.iter().find(|c| valid.iter().any(|v| &v.container_id == *c)) {
+            let why = format!(
+                "the cache of container {c}, still valid, cannot be read: the delegate networks' GC is skipped"
+            );
+            errors.push(String::from("GC"), Error::new(code::INTERNAL, why));
+            return errors.into_result(code::DELEGATE_FAILED, "GC could not clean every attachment");
+        }
         for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
             let still: Vec<Value> = kept
                 .iter()

@@ -31,7 +31,8 @@ pub const REQUEST_MAX_BYTES: usize = plexus_plugin::STDIN_MAX_BYTES + 64 * 1024;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Request {
     pub version: u32,
-    /// The `CNI_*` variables and `PLEXUS_POLICY`, as the runtime set them.
+    /// The variables [`forwarded`] names (`CNI_*`, `PLEXUS_POLICY`, `PLEXUS_DEADLINE`, the trace
+    /// context), as the runtime set them.
     pub env: BTreeMap<String, String>,
     /// The config the runtime gave on stdin.
     pub stdin: String,

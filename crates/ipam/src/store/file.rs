@@ -531,7 +531,16 @@ impl Store for FileStore {
         let dir = domain.attachments.path();
         let mut out = Vec::new();
         for entry in fs::read_dir(&dir).map_err(|e| domain.err("list", &dir, e))?.flatten() {
-            if let Some(record) = domain.read_record(&entry.path())? {
+            let record = match domain.read_record(&entry.path()) {
+                // A later plexus's record: not listed, left as it is (a whole domain is not
+                // unlisted for one record).
+                Err(IpamError::Format(e)) => {
+                    tracing::warn!("{e}");
+                    continue;
+                }
+                other => other?,
+            };
+            if let Some(record) = record {
                 let me = record.owner.key();
                 for h in &record.ips {
                     let held = held_keys(h).iter().any(|k| domain.holder(k).as_deref() == Some(me.as_str()));
