@@ -372,8 +372,25 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Resp
         }
         ("POST", ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"]) => {
             let sent: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            // As kube-apiserver: the prefix, a trailing dash masked, is an RFC 1123 subdomain.
+            let prefix = sent["metadata"]["generateName"].as_str().unwrap_or_default();
+            let generated = match prefix.strip_suffix('-') {
+                Some(p) => format!("{p}a"),
+                None => prefix.to_string(),
+            };
+            let subdomain = generated.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
             if sent["metadata"]["namespace"] != *ns || sent["regarding"]["namespace"] != *ns {
                 respond(422, &status_body(422, "Invalid", "event namespace does not match"))
+            } else if !subdomain {
+                respond(
+                    422,
+                    &status_body(422, "Invalid", &format!("metadata.generateName: Invalid value: {generated:?}")),
+                )
             } else {
                 s.events.push(sent.clone());
                 respond(201, &sent)

@@ -257,8 +257,14 @@ impl Cluster {
         while !self.events(ns, name).contains(text) {
             assert!(
                 start.elapsed() < Duration::from_secs(90),
-                "{text:?} not in the events of {ns}/{name} within 90 s; they are: {}\nplexus.log ends:\n{}",
+                "{text:?} not in the events of {ns}/{name} within 90 s; they are: {}\nplexus.log's warnings:\n{}\nplexus.log ends:\n{}",
                 self.events(ns, name),
+                self.plexus_log()
+                    .lines()
+                    .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                    .take(20)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
                 self.plexus_log_tail(40)
             );
             std::thread::sleep(Duration::from_millis(500));

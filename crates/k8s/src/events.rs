@@ -64,7 +64,9 @@ impl PodEvent {
         }
         Event {
             metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", self.pod.name)),
+                // The API makes the name: the pod's and five characters (an RFC 1123 subdomain:
+                // the prefix must not end in a dot).
+                generate_name: Some(format!("{}-", self.pod.name)),
                 namespace: Some(self.pod.namespace.clone()),
                 ..Default::default()
             },
@@ -110,7 +112,7 @@ mod tests {
             serde_json::to_value(e.object("plexus-node-1", "2026-12-05T19:10:00.123456Z".parse().unwrap())).unwrap();
         assert_eq!(v["apiVersion"], "events.k8s.io/v1");
         assert_eq!(v["kind"], "Event");
-        assert_eq!(v["metadata"]["generateName"], "trainer-0.");
+        assert_eq!(v["metadata"]["generateName"], "trainer-0-");
         assert_eq!(v["metadata"]["namespace"], "ml");
         assert_eq!(v["eventTime"], "2026-12-05T19:10:00.123456Z");
         assert_eq!(
