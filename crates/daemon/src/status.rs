@@ -49,7 +49,7 @@ impl Entry {
     /// later plexus wrote it, before it is read as this build's.
     fn parse(bytes: &[u8], file: &Path) -> Result<Option<Entry>, plexus_cni::Error> {
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Ok(None) };
-        STATUS_JOURNAL.check(&file.display().to_string(), plexus_node::format::version_of(&value))?;
+        STATUS_JOURNAL.check_json(&file.display().to_string(), &value)?;
         Ok(serde_json::from_value(value).ok())
     }
 }

@@ -43,10 +43,20 @@ pub fn version_of(file: &serde_json::Value) -> u32 {
 }
 
 impl Format {
+    /// Whether this build reads version `found`.
+    pub fn reads(&self, found: u32) -> bool {
+        (1..=self.current).contains(&found)
+    }
+
+    /// [`Format::check`] of the version the JSON of `file` says it is ([`version_of`]).
+    pub fn check_json(&self, file: &str, json: &serde_json::Value) -> Result<(), Error> {
+        self.check(file, version_of(json))
+    }
+
     /// Whether this build reads version `found` of `file`: code [`code::FORMAT_TOO_NEW`] when it
     /// is later than this build's (or 0, which no plexus wrote).
     pub fn check(&self, file: &str, found: u32) -> Result<(), Error> {
-        if (1..=self.current).contains(&found) {
+        if self.reads(found) {
             return Ok(());
         }
         Err(Error::new(

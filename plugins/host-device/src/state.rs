@@ -9,7 +9,7 @@ use plexus_cni::Error;
 use plexus_net::{Dad, Kernel, Link, LinkChange, Netns};
 use plexus_node::files;
 use plexus_node::files::SafeDir;
-use plexus_node::format::{HOST_DEVICE_STATE, version_of};
+use plexus_node::format::HOST_DEVICE_STATE;
 use serde::{Deserialize, Serialize};
 
 /// The alias a moved device carries: `plexus-host-device:<host name>:<attachment tag>`, so DEL
@@ -122,7 +122,7 @@ pub fn save(path: &Path, state: &HostState) -> Result<(), Error> {
 pub fn load(path: &Path) -> Result<Option<HostState>, Error> {
     let Ok(bytes) = std::fs::read(path) else { return Ok(None) };
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) else { return Ok(None) };
-    HOST_DEVICE_STATE.check(&path.display().to_string(), version_of(&value))?;
+    HOST_DEVICE_STATE.check_json(&path.display().to_string(), &value)?;
     Ok(serde_json::from_value(value).ok())
 }
 

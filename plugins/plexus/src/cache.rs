@@ -121,9 +121,8 @@ pub fn parse(bytes: &[u8]) -> Result<(Cache, bool), Unusable> {
         Some(Err(e)) => return Err(unreadable(&e)),
         None => return Err(unreadable(&"empty")),
     };
-    let version = head.get("version").and_then(Value::as_u64).unwrap_or(u64::from(plexus_node::format::first()));
-    let version = u32::try_from(version).unwrap_or(u32::MAX);
-    if plexus_node::format::META_CACHE.check("", version).is_err() {
+    let version = plexus_node::format::version_of(&head);
+    if !plexus_node::format::META_CACHE.reads(version) {
         return Err(Unusable::TooNew(version));
     }
     let mut cache: Cache = serde_json::from_value(head).map_err(|e| unreadable(&e))?;
@@ -310,5 +309,8 @@ mod tests {
         assert!(read.is_empty(), "GC reads no cache it cannot");
         assert_eq!(unread, ["c1"], "and says which");
         assert!(path.exists());
+        // A version that is not a number no plexus wrote: refused too, not taken for the first.
+        let odd = String::from_utf8(V1.to_vec()).unwrap().replacen("\"version\": 1,", "\"version\": \"1\",", 1);
+        assert!(matches!(parse(odd.as_bytes()), Err(Unusable::TooNew(u32::MAX))));
     }
 }

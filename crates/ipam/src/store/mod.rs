@@ -184,14 +184,7 @@ impl Record {
     /// read as this build's record; what does not parse at all is each store's to judge.
     pub(crate) fn refuse_later_format(bytes: &[u8], key: &str) -> Result<(), IpamError> {
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Ok(()) };
-        let version = match value.get("version") {
-            None => u64::from(plexus_node::format::first()),
-            // Anything but a number no plexus wrote: refused as well (u32::MAX).
-            Some(v) => v.as_u64().unwrap_or(u64::MAX),
-        };
-        plexus_node::format::IPAM_RECORD
-            .check(key, u32::try_from(version).unwrap_or(u32::MAX))
-            .map_err(IpamError::Format)
+        plexus_node::format::IPAM_RECORD.check_json(key, &value).map_err(IpamError::Format)
     }
 }
 
