@@ -65,6 +65,19 @@ await() {
   fi
 }
 
+# Disk: a cold run needs about $disk_needed_gb GB on the disk of the clone and /var/cache (the build,
+# the peers, the fuzz build, the clusters' state; docs/CONTRIBUTING.md); said up front, so that a
+# run that will fill the disk says why before its tests fail on ENOSPC. The footprint is printed
+# at the end. No incremental compilation: the test command builds each crate once (2 GB less).
+export CARGO_INCREMENTAL=0
+disk_needed_gb=20
+free_gb() { df --output=avail -BG "$1" | tail -1 | tr -dc 0-9; }
+for d in . /var/cache; do
+  if [ "$(free_gb "$d")" -lt "$disk_needed_gb" ]; then
+    echo "scripts/test.sh: warning: $(free_gb "$d") GB free on the disk of $d; a cold run needs about $disk_needed_gb GB" >&2
+  fi
+done
+
 step "Debian packages"
 need_packages "${packages[@]}"
 # The arm64 build's Rust target, added here: rustup is not to be run twice at once, and the fuzz
@@ -148,6 +161,7 @@ cat "$bg/fuzz.out"
 echo "== linux/arm64 (scripts/arm64-check.sh)"
 tail -3 "$bg/arm64.out"
 step done
+echo "== disk: $(du -sh target | cut -f1) target, $(du -shc /var/cache/plexus-* 2> /dev/null | tail -1 | cut -f1) /var/cache/plexus-*, $(free_gb .) GB left"
 echo "== time by step"
 printf '  %s\n' "${times[@]}"
 times > "$bg/all.times"
