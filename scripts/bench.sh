@@ -7,9 +7,6 @@
 #   RUNS=100 bash scripts/bench.sh   # fewer runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Multus is a peer of the benchmarks (not of the tests): scripts/peers.sh builds it only when asked,
-# here and in the cluster scripts this one starts.
-export PLEXUS_PEERS=all
 top=$(pwd)
 RUNS=${RUNS:-300}
 WARMUP=${WARMUP:-10}

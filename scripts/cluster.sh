@@ -417,8 +417,7 @@ EOF
 
   log "CRDs: NetworkAttachmentDefinition and whereabouts'"
   in_node "${kubectl[@]}" apply -f deploy/helm/plexus/crds/network-attachment-definitions.yaml > /dev/null
-  wb=$(cd tests/peers/whereabouts && GOMODCACHE=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod \
-    GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/whereabouts)
+  wb=$PEERS_BIN/../share/whereabouts
   for crd in "$wb"/doc/crds/whereabouts.cni.cncf.io_*.yaml; do
     in_node "${kubectl[@]}" apply -f "$crd" > /dev/null
   done

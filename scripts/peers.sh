@@ -18,11 +18,8 @@
 # 129. Not containerd 2.0 (it does not compile against cri-api 0.34) nor crictl (its newer grpc and
 # otel would raise some 40 of Kubernetes' modules), nor etcd or helm (newer than Kubernetes 1.34).
 # Prints the directory of the binaries (under their upstream names) on stdout; progress on stderr.
-# The benchmarks alone run Multus: it is built only with PLEXUS_PEERS=all (scripts/bench.sh sets
-# it), so the test command builds two minutes less on a fresh machine.
 #
 #   bash scripts/peers.sh            # build what is missing, print the bin dir
-#   PLEXUS_PEERS=all bash scripts/peers.sh   # Multus too
 #   PLEXUS_PEERS_CACHE=/dir bash scripts/peers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +53,13 @@ declare -A binaries=(
   [deviceplugin]="plexus-test-device-plugin=plexus.test/deviceplugin"
   [helm]="helm=helm.sh/helm/v4/cmd/helm"
 )
+# Files of a module the scripts read besides its binaries (module path:dir): whereabouts' CRDs
+# and DaemonSet manifest (scripts/cluster.sh, the benchmarks), Multus's manifests (the
+# benchmarks). Copied to share/MODULE/DIR beside the set's bin dir ($PEERS_BIN/../share).
+declare -A shares=(
+  [whereabouts]="github.com/k8snetworkplumbingwg/whereabouts:doc/crds"
+  [multus]="gopkg.in/k8snetworkplumbingwg/multus-cni.v4:deployments"
+)
 # A module's key: its go.mod, go.sum and our own Go sources (the test tools); the set's key: the
 # modules' keys. A change to one module rebuilds only that module.
 module_key() {
@@ -65,15 +69,10 @@ module_key() {
   shopt -u nullglob
   cat "${files[@]}" | sha256sum | cut -c1-16
 }
-case ${PLEXUS_PEERS:-tests} in
-  tests) unset 'binaries[multus]' ;;
-  all) ;;
-  *) echo "peers.sh: PLEXUS_PEERS=$PLEXUS_PEERS: tests or all" >&2; exit 1 ;;
-esac
 modules=$(printf '%s\n' "${!binaries[@]}" | sort)
 key=$(for m in $modules; do echo "$m $(module_key "$m")"; done | sha256sum | cut -c1-16)
 bin=$cache/$key/bin
-if [ -f "$bin/.complete" ]; then
+if [ -f "$bin/.complete" ] && [ -d "$cache/$key/share" ]; then
   echo "$bin"
   exit 0
 fi
@@ -115,15 +114,32 @@ build_module() {
   mv "$dir.partial" "$dir"
 }
 
-partial=$cache/$key/bin.partial
-rm -rf "$partial"
-mkdir -p "$partial"
+# share_module MODULE: its files of ${shares[MODULE]} into $share/MODULE (the module's source from
+# the module cache, downloaded when missing).
+share_module() {
+  local module=$1 spec mod path src
+  for spec in ${shares[$module]:-}; do
+    mod=${spec%%:*} path=${spec#*:}
+    src=$(cd "$top/tests/peers/$module" && go mod download -json "$mod" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -d "$src/$path" ] || { echo "peers.sh: $mod has no $path" >&2; exit 1; }
+    mkdir -p "$share/$module/$(dirname "$path")"
+    cp -r "$src/$path" "$share/$module/$path"
+  done
+}
+
+partial=$cache/$key/bin.partial share=$cache/$key/share.partial
+rm -rf "$partial" "$share"
+mkdir -p "$partial" "$share"
 for m in $modules; do
   build_module "$m"
   for spec in ${binaries[$m]}; do
     ln -f "$cache/modules/$m-$(module_key "$m")/${spec%%=*}" "$partial/${spec%%=*}"
   done
+  share_module "$m"
 done
+chmod -R u+w "$share"
+rm -rf "$cache/$key/share"
+mv "$share" "$cache/$key/share"
 touch "$partial/.complete"
 rm -rf "$bin"
 mv "$partial" "$bin"

@@ -36,9 +36,8 @@ log() { echo "bench/cluster.sh: $*" >&2; }
 # The peers, installed as their projects install them: binaries in the CNI bin dir, their own
 # ServiceAccounts and RBAC (taken from their manifests), kubeconfigs with those accounts' tokens.
 cp "$PEERS_BIN"/{multus,macvlan,whereabouts} "$CNI_BIN_DIR/"
-gomod=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod
-multus_dir=$(cd tests/peers/multus && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
-wb_dir=$(cd tests/peers/whereabouts && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/whereabouts)
+multus_dir=$PEERS_BIN/../share/multus
+wb_dir=$PEERS_BIN/../share/whereabouts
 rbac_of() { # the ServiceAccount, ClusterRole and ClusterRoleBinding documents of a manifest
   python3 scripts/bench/benchtool.py rbac-docs "$1"
 }

@@ -47,8 +47,7 @@ bash scripts/cluster.sh stop kube-controller-manager
 # The CRD and the chart's ServiceAccount and RBAC (the manifests' DaemonSet itself is not run here).
 k apply -f deploy/helm/plexus/crds/network-attachment-definitions.yaml > /dev/null
 "$PEERS_BIN/helm" template plexus deploy/helm/plexus -n kube-system --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml | k apply -f - > /dev/null
-gomod=${PLEXUS_PEERS_CACHE:-/var/cache/plexus-peers}/gomod
-multus_dir=$(cd tests/peers/multus && GOMODCACHE=$gomod GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
+multus_dir=$PEERS_BIN/../share/multus
 python3 scripts/bench/benchtool.py rbac-docs "$multus_dir/deployments/multus-daemonset-thick.yml" | k apply -f - > /dev/null
 
 log "creating $NADS NADs (configs padded to ${NAD_KIB} KiB) and $PODS pods ($LOCAL on bench-node)"

@@ -7,6 +7,7 @@
 //! Rules: never touch the host namespace or `eth0`; addresses from
 //! 198.18.0.0/15 and 2001:db8::/32; tests need root and fail, loudly, without it.
 
+pub mod cluster;
 pub mod daemon;
 pub mod etcd;
 pub mod fake_api;

@@ -563,3 +563,35 @@ fn a_state_dir_that_fills_up_during_add_fails_the_add_and_gives_the_device_back(
     assert_eq!(held, 0, "the address was released");
     assert!(rig.run("DEL", &c).success());
 }
+
+/// A node switched back to Multus and the reference host-device (docs/migrating.md): the
+/// reference plugin's DEL returns a device plexus-host-device moved, under its host name — it
+/// renames the device to its alias, which plexus sets to the host name (its own marker is an
+/// alternative name) — and the device can be attached again. What the reference does not restore
+/// (addresses, the alias) and plexus's marker and state are put right by plexus-host-device's own
+/// DEL of that attachment, when it comes.
+#[test]
+fn the_reference_host_devices_del_returns_a_device_plexus_moved_under_its_host_name() {
+    let rig = Rig::new();
+    let before = rig.host("ens1f0");
+    let ours = rig.conf("1.0.0", json!({"device": "ens1f0"}));
+    rig.run("ADD", &ours).result();
+    assert_eq!(rig.lab.pod.link("net1").unwrap().ifalias.as_deref(), Some("ens1f0"));
+    let mut theirs = ours.clone();
+    theirs["type"] = "host-device".into();
+    assert!(rig.run_in(&reference_plugin("host-device"), "DEL", &rig.lab.pod, &theirs).success());
+    assert!(rig.lab.pod.link("net1").is_none());
+    let back = rig.lab.node.link("ens1f0").expect("back on the node under its host name");
+    assert_eq!(back.altnames.len(), 1, "plexus's marker, which the reference does not know: {:?}", back.altnames);
+    // Attached again by the reference plugin, and returned again.
+    let again = rig.lab.another_pod();
+    let mut fresh = theirs.clone();
+    fresh["ipam"] = json!({"type": "static", "addresses": [{"address": "198.18.53.2/24"}]});
+    rig.run_in(&reference_plugin("host-device"), "ADD", &again, &fresh).result();
+    assert!(rig.run_in(&reference_plugin("host-device"), "DEL", &again, &fresh).success());
+    // plexus-host-device's DEL of its attachment: the rest of the host state, marker and state gone.
+    assert!(rig.run("DEL", &ours).success());
+    assert_eq!(rig.host("ens1f0"), before);
+    assert!(rig.lab.node.link("ens1f0").unwrap().altnames.is_empty());
+    assert_eq!(rig.state_files(), 0);
+}

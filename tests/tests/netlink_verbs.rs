@@ -122,6 +122,34 @@ fn set_link_moves_a_link_into_another_namespace_renamed_and_a_taken_name_fails_a
     assert!(lab.pod.link("hd0").is_some(), "moved, not renamed");
 }
 
+/// What plexus-host-device marks a device with: an alternative name (`:` allowed and longer than
+/// a name), listed with its link, moving with it, unique in a namespace.
+#[test]
+fn an_alternative_name_is_added_listed_moves_with_its_link_and_is_removed() {
+    let lab = lab();
+    let pod = plexus_net::Netns::open(&lab.pod.path()).unwrap();
+    lab.node.ip(&["link", "add", "other0", "type", "veth", "peer", "name", "other0p"]);
+    let nic = lab.node.link("nic0").unwrap().ifindex;
+    let other = lab.node.link("other0").unwrap().ifindex;
+    let marker = "plexus-host-device:nic0:0123456789abcdef";
+    with_socket(&lab.node, async |sock, _| {
+        sock.set_alt_name(nic, marker, true).await.unwrap();
+        let l = sock.links().await.unwrap().into_iter().find(|l| l.alt_names.iter().any(|a| a == marker));
+        assert_eq!(l.map(|l| (l.index, l.alt_names)), Some((nic, vec![marker.to_string()])));
+        assert!(sock.set_alt_name(other, marker, true).await.unwrap_err().is_exists(), "unique in its namespace");
+        let move_in = LinkChange { netns: Some(&pod), name: Some("net1"), alias: Some("nic0"), ..Default::default() };
+        sock.set_link(nic, &move_in).await.unwrap();
+    });
+    assert_eq!(lab.pod.link("net1").unwrap().altnames, [marker], "moved with it");
+    assert_eq!(lab.pod.link("net1").unwrap().ifalias.as_deref(), Some("nic0"));
+    with_socket(&lab.pod, async |sock, _| {
+        let l = sock.link("net1").await.unwrap().unwrap();
+        sock.set_alt_name(l.index, marker, false).await.unwrap();
+        assert!(sock.set_alt_name(l.index, marker, false).await.is_err(), "already gone");
+    });
+    assert!(lab.pod.link("net1").unwrap().altnames.is_empty());
+}
+
 #[test]
 fn delete_link_removes_it_and_a_second_delete_is_not_found() {
     let lab = lab();

@@ -79,6 +79,7 @@ impl FakeKernel {
             up: true,
             parent: None,
             alias: None,
+            alt_names: Vec::new(),
             kind: Some(kind.into()),
             macvlan_mode: None,
         };
@@ -226,6 +227,7 @@ impl Kernel for FakeSocket {
                 up: false,
                 parent: Some(parent.index),
                 alias: None,
+                alt_names: Vec::new(),
                 kind: Some("macvlan".into()),
                 macvlan_mode: Some(m.mode),
             });
@@ -284,6 +286,28 @@ impl Kernel for FakeSocket {
                 let n = &mut s.namespaces[target].1;
                 n.ipv4_conf.retain(|(i, _)| *i != index);
                 n.ipv4_conf.push((index, conf));
+            }
+            Ok(())
+        })
+    }
+
+    async fn set_alt_name(&self, index: u32, name: &str, present: bool) -> Result<()> {
+        let op = format!("{} altname #{index} {name}", if present { "add" } else { "del" });
+        self.step(op.clone())?;
+        self.with(|s, own| {
+            let n = &mut s.namespaces[own].1;
+            // As the kernel: a name (or alternative name) is unique in its namespace.
+            if present && n.links.iter().any(|l| l.name == name || l.alt_names.iter().any(|a| a == name)) {
+                return Err(errno(&op, nix::libc::EEXIST));
+            }
+            let at = find(n, index).ok_or_else(|| errno(&op, nix::libc::ENODEV))?;
+            let names = &mut n.links[at].alt_names;
+            if present {
+                names.push(name.to_string());
+            } else if let Some(i) = names.iter().position(|a| a == name) {
+                names.remove(i);
+            } else {
+                return Err(errno(&op, nix::libc::ENOENT));
             }
             Ok(())
         })

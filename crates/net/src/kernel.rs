@@ -28,6 +28,8 @@ pub trait Kernel {
     /// Apply `c` to link `index` in one request.
     async fn set_link(&self, index: u32, c: &LinkChange<'_>) -> Result<()>;
     async fn delete_link(&self, index: u32) -> Result<()>;
+    /// Add (`present`) or remove the alternative name `name` of link `index`.
+    async fn set_alt_name(&self, index: u32, name: &str, present: bool) -> Result<()>;
     /// Add `addr` (host part kept) to link `index`.
     async fn add_address(&self, index: u32, addr: IpNetwork, dad: Dad) -> Result<()>;
     /// The addresses of link `index`, both families.

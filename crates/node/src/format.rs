@@ -21,7 +21,9 @@ pub struct Format {
 /// The meta-plugin's delegate cache (`<cniDir>/<containerID>`).
 pub const META_CACHE: Format = Format { what: "the meta-plugin's delegate cache", current: 1 };
 /// plexus-host-device's state of a device it moved (`<dataDir>/<containerID>=<ifname>`).
-pub const HOST_DEVICE_STATE: Format = Format { what: "plexus-host-device's state file", current: 1 };
+/// Version 2: the moved device carries its marker as an alternative name and its host name as its
+/// alias (version 1: the marker as its alias) — a version 1 build would not find such a device.
+pub const HOST_DEVICE_STATE: Format = Format { what: "plexus-host-device's state file", current: 2 };
 /// plexus-ipam's record of an attachment (the file store's `attachments/`, the etcd store's
 /// record values; its address and pod-index entries are not versioned: they hold a key only).
 pub const IPAM_RECORD: Format = Format { what: "plexus-ipam's attachment record", current: 1 };

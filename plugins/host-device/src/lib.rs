@@ -1,8 +1,8 @@
 //! plexus-host-device: a whole NIC (PF, VF or sub-function) and its RDMA device belong to the pod
 //! (exclusive RDMA mode), and come back to the host as they were.
 //!
-//! ADD: select the device (exactly one) → record its host state (state file + marker alias) →
-//! start IPAM → ONE move into the pod, already named CNI_IFNAME, with its MTU, marker alias and
+//! ADD: select the device (exactly one) → record its host state (state file) → start IPAM → mark
+//! it (an alternative name) → ONE move into the pod, already named CNI_IFNAME, with its MTU, alias and
 //! IPv4 settings → its RDMA device follows when the subsystem is exclusive → IPAM result →
 //! addresses, up, routes (multi-rail) → device-info (with the RoCE GIDs of the pod's addresses) →
 //! result. Each completed step goes on an undo stack ([`Undo`]): a failure undoes them last first.
@@ -269,7 +269,8 @@ impl<K: Kernel> Add<'_, K> {
                             state::return_to_host(Some(self.pod_sock), self.node_sock, self.node, &moved, Some(&host))
                                 .await
                         }
-                        None => Ok(()),
+                        // Not moved: still on the node, its marker taken off.
+                        None => state::unmark(self.node_sock, &host).await,
                     },
                     Step::Rdma(dev) => rdma::move_back(self.pod, self.node, &dev),
                 })
@@ -303,19 +304,28 @@ impl<K: Kernel> Add<'_, K> {
             undo.push(Step::Ipam);
         }
         let l2_only = matches!(ipam, IpamStep::None);
+        // The marker first, on the node (it moves with the device): from here on the device is
+        // found by it, wherever a failure leaves it.
+        undo.push(Step::Moved { device: link.name.clone() });
         let marker = host.marker();
-        // One move: the kernel renames it on the way in, then MTU, marker and IPv4 settings.
+        if !link.alt_names.contains(&marker) {
+            self.node_sock
+                .set_alt_name(link.index, &marker, true)
+                .await
+                .map_err(|e| Error::from(e).context(format!("mark {}", link.name)))?;
+        }
+        // One move: the kernel renames it on the way in, then MTU, alias (its host name, as the
+        // reference host-device sets it) and IPv4 settings. The move may happen before a later
+        // attribute fails: undone either way.
         let move_in = LinkChange {
             netns: Some(self.pod),
             name: Some(ifname),
             mtu: self.conf.iface.mtu(),
-            alias: Some(&marker),
+            alias: Some(&host.name),
             ipv4_conf: Some(self.conf.iface.ipv4_conf()),
             up: l2_only.then_some(true),
             ..Default::default()
         };
-        // The move may happen before a later attribute fails: undone either way.
-        undo.push(Step::Moved { device: link.name.clone() });
         self.node_sock
             .set_link(link.index, &move_in)
             .await

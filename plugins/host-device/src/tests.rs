@@ -100,7 +100,7 @@ impl Rig {
 }
 
 #[test]
-fn add_moves_the_device_in_one_request_named_with_its_marker_then_addresses_ups_and_routes_it() {
+fn add_marks_the_device_then_moves_it_in_one_request_with_its_host_name_as_alias_then_addresses_ups_and_routes_it() {
     let rig = Rig::new();
     let result = rig.add().unwrap();
     let i = rig.port.index;
@@ -112,7 +112,8 @@ fn add_moves_the_device_in_one_request_named_with_its_marker_then_addresses_ups_
             "node: get link ens2f0np0".to_string(),
             format!("node: list addresses of #{i}"),
             "pod: get link net1".to_string(),
-            format!("node: set link #{i} netns {pod} name net1 alias {marker} ipv4-conf"),
+            format!("node: add altname #{i} {marker}"),
+            format!("node: set link #{i} netns {pod} name net1 alias ens2f0np0 ipv4-conf"),
             "pod: get link net1".to_string(),
             format!("pod: add address 198.18.1.5/24 to #{i} nodad"),
             format!("pod: set link #{i} up"),
@@ -120,7 +121,9 @@ fn add_moves_the_device_in_one_request_named_with_its_marker_then_addresses_ups_
         ]
     );
     let in_pod = &rig.namespace("pod").links[0];
-    assert_eq!((in_pod.name.as_str(), in_pod.alias.as_deref(), in_pod.up), ("net1", Some(marker.as_str()), true));
+    // The alias the reference host-device's DEL renames it to; the marker moved with it.
+    assert_eq!((in_pod.name.as_str(), in_pod.alias.as_deref(), in_pod.up), ("net1", Some("ens2f0np0"), true));
+    assert_eq!(in_pod.alt_names, [marker]);
     assert!(rig.namespace("node").links.is_empty(), "the device left the node");
     assert_eq!(rig.state_files(), vec!["c1=net1"]);
     let saved = state::load(&rig.dir.path().join("state/c1=net1")).unwrap().unwrap();
@@ -136,7 +139,7 @@ fn a_failure_at_any_step_of_add_puts_the_device_back_on_the_node_as_it_was() {
         rig.add().unwrap();
         rig.kernel.verbs()
     };
-    assert_eq!(steps, 8);
+    assert_eq!(steps, 9);
     for k in 1..=steps {
         let rig = Rig::new();
         let before = rig.kernel.snapshot();
@@ -195,7 +198,7 @@ impl Rig {
 }
 
 #[test]
-fn del_moves_the_device_back_then_restores_mtu_mac_addresses_and_state_and_clears_the_marker_last() {
+fn del_moves_the_device_back_then_restores_mtu_mac_addresses_state_and_alias_and_takes_the_marker_off_last() {
     let rig = Rig::new();
     let before = rig.kernel.snapshot();
     rig.add().unwrap();
@@ -203,6 +206,7 @@ fn del_moves_the_device_back_then_restores_mtu_mac_addresses_and_state_and_clear
     rig.restore(true).unwrap();
     let i = rig.port.index;
     let node = rig.node.path().display().to_string();
+    let marker = format!("plexus-host-device:ens2f0np0:{}", state::attachment_tag("c1", "net1"));
     let del: Vec<String> = rig.kernel.log()[added..].to_vec();
     assert_eq!(
         del,
@@ -215,6 +219,7 @@ fn del_moves_the_device_back_then_restores_mtu_mac_addresses_and_state_and_clear
             format!("node: add address 198.18.9.1/24 to #{i} nodad"),
             format!("node: set link #{i} up"),
             format!("node: set link #{i} alias "),
+            format!("node: del altname #{i} {marker}"),
         ]
     );
     assert_eq!(rig.kernel.snapshot(), before, "the node as it was, the pod empty");
@@ -246,4 +251,23 @@ fn del_of_another_attachment_never_takes_this_ones_device() {
         .block_on(restore_on(&rig.node_sock, &rig.node, Some((&rig.pod, &rig.pod_sock)), "net3", &mark, None))
         .unwrap();
     assert_eq!(rig.kernel.snapshot(), attached, "net1's device stays in the pod, as it was");
+}
+
+/// A node upgraded under a running pod: its device was moved by a plexus of state format 1, with
+/// the marker as its alias and no alternative name. This build still finds it and puts it back.
+#[test]
+fn a_device_an_earlier_plexus_moved_with_its_marker_as_alias_is_found_and_put_back() {
+    let rig = Rig::new();
+    let before = rig.kernel.snapshot();
+    let rt = configure::runtime().unwrap();
+    let tag = state::attachment_tag("c1", "net1");
+    let host =
+        HostState { version: 1, ..rt.block_on(HostState::capture(&rig.node_sock, &rig.port, None, &tag)).unwrap() };
+    std::fs::create_dir_all(rig.dir.path().join("state")).unwrap();
+    state::save(&rig.dir.path().join("state/c1=net1"), &host).unwrap();
+    let marker = host.marker();
+    let moved = LinkChange { netns: Some(&rig.pod), name: Some("net1"), alias: Some(&marker), ..Default::default() };
+    rt.block_on(rig.node_sock.set_link(rig.port.index, &moved)).unwrap();
+    rig.restore(true).unwrap();
+    assert_eq!(rig.kernel.snapshot(), before, "back on the node as it was, the alias marker gone");
 }

@@ -3,7 +3,7 @@
 //!
 //! Who may set these: the admin, who writes the meta config in the CNI conf dir. Its path keys
 //! (`binDir`, `kubeconfig`, `cniDir`, `nadDir`, `confDir`, `readinessindicatorfile`,
-//! `kubeletCheckpoint`, `logFile`) say where root executes, connects, writes and reads, so a
+//! `kubeletCheckpoint`, `logFile`, `multusCacheDir`) say where root executes, connects, writes and reads, so a
 //! plexus that finds itself run as a delegate of plexus — with a config a NAD chose — refuses
 //! before it reads any of them.
 
@@ -72,6 +72,16 @@ pub struct MetaConf {
     /// [`crate::shim::ANSWER_DEADLINE`] or is busy. The admin's key, as every meta config key.
     #[serde(default)]
     pub daemon_socket: Option<PathBuf>,
+    /// plexus: where Multus keeps the delegates of the sandboxes it attached (its `cniDir`), read
+    /// by DEL and GC for a container plexus has no cache of — a pod attached before the node
+    /// switched from Multus (`crate::multus`). `null` reads none. The admin's key, as every meta
+    /// config key.
+    #[serde(default = "default_multus_cache_dir")]
+    pub multus_cache_dir: Option<PathBuf>,
+}
+
+fn default_multus_cache_dir() -> Option<PathBuf> {
+    Some(crate::multus::DEFAULT_DIR.into())
 }
 
 fn default_parallel() -> bool {

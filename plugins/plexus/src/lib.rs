@@ -20,6 +20,7 @@ mod cache;
 mod conf;
 mod delegates;
 mod events;
+mod multus;
 mod plan;
 mod pod;
 pub mod shim;
@@ -233,6 +234,16 @@ fn runnable(attachments: Vec<Attachment>, base: &DelegateEnv) -> Vec<Attachment>
             }
         })
         .collect()
+}
+
+/// Multus's cache of the request's container, when the config names Multus's directory and it
+/// has one (a cache that is not Multus's is logged and left alone).
+fn multus_sandbox(conf: &MetaConf, req: &Request) -> Option<multus::Sandbox> {
+    let dir = conf.multus_cache_dir.as_ref()?;
+    multus::Sandbox::load(dir, &req.env.container_id, &req.env.ifname).unwrap_or_else(|why| {
+        tracing::error!("{why}");
+        None
+    })
 }
 
 /// network-status for the pod (API only): one element per attachment, device-info included.
@@ -562,22 +573,38 @@ impl Plugin for Meta {
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
-        let attachments = match cache::load(&cache_path) {
-            Ok(Some(c)) => runnable(c.attachments, &base),
-            // A later plexus's cache: what it attached is not guessed from the NADs.
-            Err(too_new @ cache::Unusable::TooNew(_)) => return Err(too_new.error(&cache_path, code::INTERNAL)),
-            other => {
-                if let Err(why) = other {
-                    // A cache that does not parse must not make DEL a no-op (Multus #1087).
-                    tracing::error!("delegate cache unreadable, rebuilding the attachments: {why}");
-                }
-                match cluster(&conf, self.view.as_ref()).and_then(|c| attachments_for(req, &conf, &pod, &c, &base)) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::error!("cannot rebuild the attachments, nothing deleted: {e}");
-                        let _ = files::remove_if_present(&cache_path);
-                        cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
-                        return Ok(());
+        let loaded = cache::load(&cache_path);
+        // A sandbox Multus attached (no plexus cache): what it ran, from its cache.
+        let from_multus = match &loaded {
+            Ok(Some(_)) | Err(cache::Unusable::TooNew(_)) => None,
+            _ => multus_sandbox(&conf, req),
+        };
+        let attachments = if let Some(sandbox) = &from_multus {
+            tracing::info!(
+                "container {}: attached by Multus, deleting the {} delegate(s) its cache names",
+                req.env.container_id,
+                sandbox.attachments.len()
+            );
+            runnable(sandbox.attachments.clone(), &base)
+        } else {
+            match loaded {
+                Ok(Some(c)) => runnable(c.attachments, &base),
+                // A later plexus's cache: what it attached is not guessed from the NADs.
+                Err(too_new @ cache::Unusable::TooNew(_)) => return Err(too_new.error(&cache_path, code::INTERNAL)),
+                other => {
+                    if let Err(why) = other {
+                        // A cache that does not parse must not make DEL a no-op (Multus #1087).
+                        tracing::error!("delegate cache unreadable, rebuilding the attachments: {why}");
+                    }
+                    match cluster(&conf, self.view.as_ref()).and_then(|c| attachments_for(req, &conf, &pod, &c, &base))
+                    {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::error!("cannot rebuild the attachments, nothing deleted: {e}");
+                            let _ = files::remove_if_present(&cache_path);
+                            cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
+                            return Ok(());
+                        }
                     }
                 }
             }
@@ -585,6 +612,9 @@ impl Plugin for Meta {
         let errors = delete_all(&attachments, &base, &req.policy, conf.parallel, &*self.delegates);
         if errors.is_empty() || !conf.retry_delete_on_error {
             files::remove_if_present(&cache_path)?;
+            if let Some(sandbox) = &from_multus {
+                sandbox.remove();
+            }
         }
         cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
         let n = errors.len();
@@ -633,30 +663,43 @@ impl Plugin for Meta {
         let base = delegate_env(req, &conf, &pod);
         let mut errors = ErrorList::default();
         cache::remove_stale_leftovers(&conf.cni_dir, std::time::Duration::from_secs(60));
-        // Attachments of containers the runtime no longer knows: DEL them from their caches.
-        let mut kept = Vec::new();
-        let (caches, unread) = cache::all(&conf.cni_dir);
+        // Attachments of containers the runtime no longer knows: DEL them from their caches —
+        // plexus's, then Multus's of the sandboxes it attached before the node switched.
+        let mut kept: Vec<(String, Vec<Attachment>)> = Vec::new();
+        let (caches, mut unread) = cache::all(&conf.cni_dir);
+        let (sandboxes, multus_unread) = conf.multus_cache_dir.as_deref().map(multus::Sandbox::all).unwrap_or_default();
+        // One directory for both (`cniDir` set to Multus's): each reader's leftovers are the other's.
+        unread.retain(|c| !sandboxes.iter().any(|s| &s.container_id == c));
+        unread.extend(multus_unread.into_iter().filter(|c| !caches.iter().any(|(_, x)| &x.container_id == c)));
+        let is_valid = |id: &str| valid.iter().any(|v| v.container_id == id);
+        let mut gone = |container_id: &str, netns: Option<std::path::PathBuf>, attachments: Vec<Attachment>| {
+            let mut env = base.clone();
+            env.cni.container_id = container_id.to_string();
+            env.cni.netns = netns;
+            let failed = delete_all(&runnable(attachments, &env), &env, &req.policy, conf.parallel, &*self.delegates);
+            let ok = failed.is_empty();
+            errors.extend(failed);
+            ok
+        };
         for (path, c) in caches {
-            if valid.iter().any(|v| v.container_id == c.container_id) {
-                kept.push(c);
+            if is_valid(&c.container_id) {
+                kept.push((c.container_id, c.attachments));
                 continue;
             }
-            let mut env = base.clone();
-            env.cni.container_id = c.container_id.clone();
-            env.cni.netns = c.netns.clone();
-            errors.extend(delete_all(
-                &runnable(c.attachments, &env),
-                &env,
-                &req.policy,
-                conf.parallel,
-                &*self.delegates,
-            ));
+            gone(&c.container_id, c.netns, c.attachments);
             let _ = files::remove_if_present(&path);
+        }
+        for s in sandboxes {
+            if is_valid(&s.container_id) {
+                kept.push((s.container_id.clone(), s.attachments.clone()));
+            } else if gone(&s.container_id, None, s.attachments.clone()) || !conf.retry_delete_on_error {
+                s.remove();
+            }
         }
         // Then GC on every delegate network, with the attachments still valid for it — unless a
         // container still valid has a cache this build cannot read: its attachments are not known,
         // and a delegate would take them for stale and release them.
-        if let Some(c) = unread.iter().find(|c| valid.iter().any(|v| &v.container_id == *c)) {
+        if let Some(c) = unread.iter().find(|c| is_valid(c)) {
             let why = format!(
                 "the cache of container {c}, still valid, cannot be read: the delegate networks' GC is skipped"
             );
@@ -666,11 +709,11 @@ impl Plugin for Meta {
         for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
             let still: Vec<Value> = kept
                 .iter()
-                .flat_map(|c| {
-                    c.attachments
+                .flat_map(|(container_id, attachments)| {
+                    attachments
                         .iter()
                         .filter(|x| x.network == a.network)
-                        .map(|x| serde_json::json!({"containerID": c.container_id, "ifname": x.ifname}))
+                        .map(move |x| serde_json::json!({"containerID": container_id, "ifname": x.ifname}))
                 })
                 .collect();
             if let Err(e) = a.status_or_gc(&base, Command::Gc, Some(&Value::Array(still))) {

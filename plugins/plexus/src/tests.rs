@@ -232,3 +232,89 @@ fn what_a_groups_threads_log_reaches_the_requests_log_in_its_span() {
         );
     }
 }
+
+/// A node switched from Multus: `dir/multus` holds Multus's cache of container `0123abcd` (three
+/// delegates) and libcni's result of its macvlan; `dir/plexus` is plexus's cache directory.
+fn switched_node(dir: &std::path::Path) -> Value {
+    let multus = dir.join("multus");
+    std::fs::create_dir_all(multus.join("results")).unwrap();
+    std::fs::write(multus.join("0123abcd"), include_str!("../tests/multus/cache-v4.json")).unwrap();
+    std::fs::write(multus.join("results/rail0-0123abcd-net1"), include_str!("../tests/multus/result-v4.json")).unwrap();
+    json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus", "parallel": false,
+        "cniDir": dir.join("plexus"), "multusCacheDir": multus})
+}
+
+fn meta_request(command: &str, container_id: &str, conf: &Value) -> plexus_plugin::Request {
+    meta_request_in(command, container_id, conf, std::path::Path::new("/nonexistent"))
+}
+
+fn meta_request_in(
+    command: &str,
+    container_id: &str,
+    conf: &Value,
+    cni_path: &std::path::Path,
+) -> plexus_plugin::Request {
+    let vars = [
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", container_id),
+        ("CNI_NETNS", ""),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", cni_path.to_str().unwrap()),
+    ];
+    plexus_plugin::testing::request(&vars, conf, Policy::default())
+}
+
+#[test]
+fn del_of_a_sandbox_multus_attached_dels_what_its_cache_names_in_reverse_then_removes_multus_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = switched_node(dir.path());
+    let fake = Arc::new(Fake::default());
+    let meta = super::Meta { view: None, delegates: fake.clone() };
+    plexus_plugin::Plugin::del(&meta, &meta_request("DEL", "0123abcd", &conf)).unwrap();
+    assert_eq!(fake.calls(Command::Del), ["exclusive", "rail0", "cbr0"]);
+    assert!(!dir.path().join("multus/0123abcd").exists(), "Multus's cache removed");
+    assert!(!dir.path().join("multus/results/rail0-0123abcd-net1").exists(), "libcni's result removed");
+    // DEL again (the runtime retries): nothing left to delete, and it succeeds.
+    plexus_plugin::Plugin::del(&meta, &meta_request("DEL", "0123abcd", &conf)).unwrap();
+    assert_eq!(fake.calls(Command::Del).len(), 3);
+}
+
+#[test]
+fn a_multus_sandbox_whose_del_fails_keeps_multus_cache_when_del_is_to_be_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut conf = switched_node(dir.path());
+    conf["retryDeleteOnError"] = json!(true);
+    let fake = Arc::new(Fake { refuse_del: vec![("rail0", 11)], ..Fake::default() });
+    let meta = super::Meta { view: None, delegates: fake.clone() };
+    let err = plexus_plugin::Plugin::del(&meta, &meta_request("DEL", "0123abcd", &conf)).unwrap_err();
+    assert!(format!("{err:?}").contains("rail0"), "{err:?}");
+    assert_eq!(fake.calls(Command::Del), ["exclusive", "rail0", "cbr0"], "past the failure");
+    assert!(dir.path().join("multus/0123abcd").exists(), "kept for the retry");
+}
+
+/// GC on a switched node: a stale Multus sandbox is deleted and its files removed; a valid one is
+/// kept, and the cluster network's own GC (a real delegate process that records its config) is
+/// told it is still valid — else an IPAM's GC would release the addresses of a running pod.
+#[test]
+fn gc_dels_multus_sandboxes_the_runtime_no_longer_knows_and_tells_the_networks_gc_of_the_valid_ones() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut conf = switched_node(dir.path());
+    let multus = dir.path().join("multus");
+    std::fs::copy(multus.join("0123abcd"), multus.join("4567ef01")).unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let recorder = bin.join("recorder");
+    std::fs::write(&recorder, format!("#!/bin/sh\ncat > {}/$CNI_COMMAND.json\n", dir.path().display())).unwrap();
+    std::fs::set_permissions(&recorder, std::fs::Permissions::from_mode(0o755)).unwrap();
+    conf["delegates"] = json!([{"cniVersion": "1.1.0", "name": "cbr0", "type": "recorder"}]);
+    conf["cni.dev/valid-attachments"] = json!([{"containerID": "4567ef01", "ifname": "eth0"}]);
+    let fake = Arc::new(Fake::default());
+    let meta = super::Meta { view: None, delegates: fake.clone() };
+    plexus_plugin::Plugin::gc(&meta, &meta_request_in("GC", "", &conf, &bin)).unwrap();
+    assert_eq!(fake.calls(Command::Del), ["exclusive", "rail0", "cbr0"], "one sandbox's delegates");
+    assert!(!multus.join("0123abcd").exists());
+    assert!(multus.join("4567ef01").exists(), "a valid container's cache stays");
+    let gc: Value = serde_json::from_slice(&std::fs::read(dir.path().join("GC.json")).unwrap()).unwrap();
+    assert_eq!(gc["cni.dev/valid-attachments"], json!([{"containerID": "4567ef01", "ifname": "eth0"}]));
+}

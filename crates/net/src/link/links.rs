@@ -4,7 +4,7 @@ use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED, NLM_F_CREATE, NLM_
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
     AfSpecInet, AfSpecUnspec, InfoData, InfoKind, InfoMacVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
-    MacVlanMode,
+    MacVlanMode, Prop,
 };
 use rtnetlink::{LinkMacVlan, LinkUnspec};
 
@@ -68,6 +68,8 @@ pub struct Link {
     /// `IFLA_LINK`: the parent's index.
     pub parent: Option<u32>,
     pub alias: Option<String>,
+    /// Its alternative names (`IFLA_PROP_LIST`): names it is also found by, moving with it.
+    pub alt_names: Vec<String>,
     pub kind: Option<String>,
     pub macvlan_mode: Option<MacvlanMode>,
 }
@@ -82,6 +84,7 @@ impl Link {
             up: msg.header.flags.contains(LinkFlags::Up),
             parent: None,
             alias: None,
+            alt_names: Vec::new(),
             kind: None,
             macvlan_mode: None,
         };
@@ -92,6 +95,15 @@ impl Link {
                 LinkAttribute::Address(a) => link.mac = a.try_into().ok(),
                 LinkAttribute::Link(p) => link.parent = Some(p),
                 LinkAttribute::IfAlias(a) => link.alias = Some(a),
+                LinkAttribute::PropList(props) => {
+                    link.alt_names = props
+                        .into_iter()
+                        .filter_map(|p| match p {
+                            Prop::AltIfName(n) => Some(n),
+                            _ => None,
+                        })
+                        .collect()
+                }
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
                         match info {
@@ -291,6 +303,21 @@ impl LinkSocket {
             b = b.append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![conf.to_nl()])]));
         }
         self.ack(&format!("set link #{index}"), RouteNetlinkMessage::SetLink(b.build()), 0).await
+    }
+
+    /// Give link `index` the alternative name `name` (`present`), or take it away (RTM_NEWLINKPROP,
+    /// RTM_DELLINKPROP).
+    pub async fn set_alt_name(&self, index: u32, name: &str, present: bool) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index)
+            .append_extra_attribute(LinkAttribute::PropList(vec![Prop::AltIfName(name.to_string())]))
+            .build();
+        if present {
+            let op = format!("add alternative name {name:?} to link #{index}");
+            self.ack(&op, RouteNetlinkMessage::NewLinkProp(msg), NLM_F_CREATE | NLM_F_EXCL).await
+        } else {
+            let op = format!("remove alternative name {name:?} of link #{index}");
+            self.ack(&op, RouteNetlinkMessage::DelLinkProp(msg), 0).await
+        }
     }
 
     pub async fn delete_link(&self, index: u32) -> Result<()> {

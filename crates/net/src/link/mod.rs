@@ -132,6 +132,9 @@ impl Kernel for LinkSocket {
     async fn delete_link(&self, index: u32) -> Result<()> {
         LinkSocket::delete_link(self, index).await
     }
+    async fn set_alt_name(&self, index: u32, name: &str, present: bool) -> Result<()> {
+        LinkSocket::set_alt_name(self, index, name, present).await
+    }
     async fn add_address(&self, index: u32, addr: IpNetwork, dad: Dad) -> Result<()> {
         LinkSocket::add_address(self, index, addr, dad).await
     }

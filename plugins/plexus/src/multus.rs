@@ -1,0 +1,200 @@
+//! Sandboxes Multus attached. A node switched from Multus (v4, thin or thick) to plexus still runs
+//! pods Multus attached; their DEL, and the runtime's GC, now come to plexus. Multus keeps, per
+//! container, the delegates it ran — `<its cniDir>/<containerID>`, a JSON list (its
+//! `DelegateNetConf`s: the conf as it ran it in `Bytes`, the selection's interface name, MAC, IPs,
+//! gateways, the device ID) — and libcni keeps each delegate's result in
+//! `<cniDir>/results/<network>-<containerID>-<ifname>`. plexus reads that list as Multus's own DEL
+//! does: the first delegate is the cluster network on the runtime's interface, the others on the
+//! name the selection asked for or `net<index>`, each with the capability arguments Multus gave it
+//! and its cached result as prevResult. It runs their DELs by its own rules (the node policy's
+//! plugins, in reverse, past errors) and, once they succeeded, removes Multus's files of that
+//! container, as Multus does. What plexus finds there is never a plexus cache: plexus writes its
+//! own format only, so a node switched back to Multus has Multus rebuild from the pod and its NADs
+//! (docs/migrating.md).
+//!
+//! The directory is the admin's (`multusCacheDir`, Multus's default `/var/lib/cni/multus`); the
+//! container ID, validated by the entry point, is the only name taken from a request.
+
+use std::io::Read;
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::attachment::Attachment;
+
+/// Multus's default `cniDir`.
+pub const DEFAULT_DIR: &str = "/var/lib/cni/multus";
+/// A cache or cached result larger than this is not Multus's (a pod's delegates are a few KiB).
+const MAX_BYTES: u64 = 4 << 20;
+
+/// One delegate as Multus v4 caches it (its `types.DelegateNetConf`; the typed `Conf`/`ConfList`
+/// copies are not read: `Bytes` is the conf Multus ran).
+#[derive(Deserialize)]
+struct Delegate {
+    #[serde(rename = "Name", default)]
+    name: String,
+    #[serde(rename = "ifnameRequest", default)]
+    ifname_request: String,
+    #[serde(rename = "macRequest", default)]
+    mac_request: String,
+    #[serde(rename = "ipRequest", default)]
+    ip_request: Option<Vec<String>>,
+    #[serde(rename = "default-route", default)]
+    default_route: Option<Vec<IpAddr>>,
+    #[serde(rename = "deviceID", default)]
+    device_id: String,
+    #[serde(rename = "resourceName", default)]
+    resource_name: String,
+    #[serde(rename = "Bytes", default)]
+    bytes: Option<String>,
+}
+
+/// A container's sandbox as Multus left it: the attachments to DEL and the files to remove after.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub container_id: String,
+    pub attachments: Vec<Attachment>,
+    files: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    /// Multus's cache of `container_id` in `dir`: `Ok(None)` when there is none, `Err` (why) when
+    /// there is one that is not Multus's list of delegates. `ifname` is the runtime's interface
+    /// (the cluster network's).
+    pub fn load(dir: &Path, container_id: &str, ifname: &str) -> Result<Option<Sandbox>, String> {
+        let path = dir.join(container_id);
+        let Some(bytes) = read_bounded(&path)? else { return Ok(None) };
+        let delegates: Vec<Delegate> = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: not a Multus delegate cache: {e}", path.display()))?;
+        if delegates.is_empty() {
+            return Err(format!("{}: a Multus delegate cache with no delegate", path.display()));
+        }
+        let mut sandbox = Sandbox { container_id: container_id.into(), attachments: Vec::new(), files: vec![path] };
+        for (i, d) in delegates.into_iter().enumerate() {
+            let conf = d.conf().map_err(|why| format!("{}: delegate {i}: {why}", sandbox.files[0].display()))?;
+            let ifname = match (d.ifname_request.as_str(), i) {
+                ("", 0) => ifname.to_string(),
+                ("", _) => format!("net{i}"),
+                (requested, _) => requested.to_string(),
+            };
+            let network = conf.get("name").and_then(Value::as_str).unwrap_or(&d.name).to_string();
+            let cached = dir.join("results").join(format!("{network}-{container_id}-{ifname}"));
+            let result = read_bounded(&cached)
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|v| v.get("result").cloned());
+            sandbox.files.push(cached);
+            let attachment = Attachment {
+                network,
+                ifname,
+                cluster_network: i == 0,
+                conf,
+                capability_args: d.capability_args(),
+                result,
+                device_info_file: None,
+                resource_name: Some(d.resource_name.clone()).filter(|r| !r.is_empty()),
+                device_id: Some(d.device_id.clone()).filter(|r| !r.is_empty()),
+                cni_args: Vec::new(),
+                default_route: d.default_route.clone(),
+            };
+            sandbox.attachments.push(attachment);
+        }
+        Ok(Some(sandbox))
+    }
+
+    /// Every Multus cache in `dir` (GC): those read, and the names of files that are not Multus
+    /// caches (logged). The interface of each cluster network is not recorded by Multus: `eth0`,
+    /// what the kubelet asks for.
+    pub fn all(dir: &Path) -> (Vec<Sandbox>, Vec<String>) {
+        let (mut read, mut unread) = (Vec::new(), Vec::new());
+        let Ok(entries) = std::fs::read_dir(dir) else { return (read, unread) };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || plexus_cni::env::validate_container_id(&name).is_err() {
+                continue;
+            }
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            match Sandbox::load(dir, &name, "eth0") {
+                Ok(Some(s)) => read.push(s),
+                Ok(None) => {}
+                Err(why) => {
+                    tracing::debug!("not a Multus cache: {why}");
+                    unread.push(name);
+                }
+            }
+        }
+        (read, unread)
+    }
+
+    /// After the DELs succeeded: Multus's cache of this container and its cached results.
+    pub fn remove(&self) {
+        for f in &self.files {
+            if let Err(e) = plexus_node::files::remove_if_present(f) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+impl Delegate {
+    /// The conf Multus ran (a single plugin's or a list), from `Bytes` (base64, as Go encodes a
+    /// byte slice).
+    fn conf(&self) -> Result<Value, String> {
+        let b64 =
+            self.bytes.as_deref().filter(|b| !b.is_empty()).ok_or("no \"Bytes\": the conf it ran is not known")?;
+        let raw = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("\"Bytes\": {e}"))?;
+        let conf: Value = serde_json::from_slice(&raw).map_err(|e| format!("\"Bytes\" is not a conf: {e}"))?;
+        if !conf.is_object() {
+            return Err("\"Bytes\" is not a conf object".into());
+        }
+        Ok(conf)
+    }
+
+    /// The capability arguments Multus's runtime config gave this delegate on ADD (its
+    /// `CreateCNIRuntimeConf`: `mac`, `ips`, `deviceID`).
+    fn capability_args(&self) -> Map<String, Value> {
+        let mut args = Map::new();
+        if !self.mac_request.is_empty() {
+            args.insert("mac".into(), json!(self.mac_request));
+        }
+        if let Some(ips) = self.ip_request.as_ref().filter(|ips| !ips.is_empty()) {
+            args.insert("ips".into(), json!(ips));
+        }
+        if !self.device_id.is_empty() {
+            args.insert("deviceID".into(), json!(self.device_id));
+        }
+        args
+    }
+}
+
+/// The file's bytes, `None` when there is none: not through a symlink, at most [`MAX_BYTES`].
+fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
+        .open(path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
+    }
+    Ok(Some(bytes))
+}
+
+#[cfg(test)]
+mod tests;
