@@ -55,6 +55,17 @@ fn holders(c: &Cluster, pool: &str) -> BTreeSet<String> {
     c.pool_entries(pool).values().map(|e| e["id"].as_str().unwrap_or_default().to_string()).collect()
 }
 
+/// The cluster network's addresses in use (the bootstrap conflist's host-local store).
+fn cluster_addresses(c: &Cluster) -> usize {
+    let dir = c.state().join("host-local/bootstrap");
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<std::net::IpAddr>().is_ok())
+        .count()
+}
+
 /// The files Multus keeps (its delegate caches and libcni's results), relative to its directory.
 fn multus_files(dir: &Path) -> Vec<String> {
     let mut found = Vec::new();
@@ -96,6 +107,7 @@ fn a_node_switched_from_multus_to_plexus_keeps_multus_pods_and_plexus_deletes_th
     let logs = Logs(&c, Instant::now());
     let multus_dir = install_multus_thin(&c);
     let before = c.node_state();
+    let cluster_before = cluster_addresses(&c);
 
     // Multus thin: a pod on a macvlan with whereabouts, one on a host device too.
     use_stack(&c, "multus");
@@ -124,7 +136,6 @@ fn a_node_switched_from_multus_to_plexus_keeps_multus_pods_and_plexus_deletes_th
         multus_files(&multus_dir)
     );
     assert!(!c.node_state().0.contains("ens2f0np0"), "the host device is in m2");
-
     logs.phase("two pods on Multus");
     // The switch: plexus installed (its DaemonSet), told where Multus's cache is, plexus-ipam on
     // whereabouts' objects; then Multus's config removed.
@@ -171,6 +182,9 @@ fn a_node_switched_from_multus_to_plexus_keeps_multus_pods_and_plexus_deletes_th
     assert!(c.pool_entries("198.18.179.0-24").is_empty());
     assert_eq!(c.reservation_names().len(), 2, "p1's and p2's: {:?}", c.reservation_names());
     assert_eq!(multus_files(&multus_dir), Vec::<String>::new(), "Multus's cache removed");
+    // The cluster network too, from the conflist as Multus ran it (Multus v4.2.3's own DEL runs a
+    // copy without the bridge's IPAM ranges, and fails).
+    assert_eq!(cluster_addresses(&c), cluster_before + 2, "p1's and p2's cluster addresses only");
     c.delete("default", &["pod/p1", "pod/p2"]);
     logs.phase("the plexus pods deleted");
     wait_until("every address released", Duration::from_secs(30), || {
@@ -182,4 +196,95 @@ fn a_node_switched_from_multus_to_plexus_keeps_multus_pods_and_plexus_deletes_th
         (links, addrs.into_iter().filter(|a| !a.contains("\"fe80:")).collect::<BTreeSet<_>>())
     };
     assert_eq!(global(c.node_state()), global(before), "the node's links and addresses as before the first pod");
+}
+
+/// A plexus NAD's config with plexus-ipam on whereabouts' objects.
+fn plexus_nad(c: &Cluster, name: &str, plugin: &str, range: &str) -> String {
+    let ipam = format!(r#""ipam": {{"type": "plexus-ipam", "range": "{range}", "store": "kubernetes"}}"#);
+    let data = c.data().join("hd");
+    let data = if plugin.contains("plexus-host-device") {
+        format!(r#", "dataDir": "{}""#, data.display())
+    } else {
+        String::new()
+    };
+    c.nad("default", name, &format!(r#"{{"cniVersion": "1.0.0", {plugin}{data}, {ipam}}}"#))
+}
+
+#[test]
+fn a_node_switched_back_to_multus_deletes_plexus_pods_from_the_cache_plexus_wrote_for_it() {
+    let c = Cluster::bare(None);
+    let logs = Logs(&c, Instant::now());
+    let multus_dir = install_multus_thin(&c);
+    let before = c.node_state();
+    // plexus writes Multus's cache beside its own while a rollback may come.
+    c.install(
+        &format!(r#""multusCacheDir": "{}", "writeMultusCache": true"#, multus_dir.display()),
+        false,
+        "manifests",
+    );
+    c.use_kubernetes_ipam_store();
+
+    // plexus: a pod on a macvlan, one on a host device too, plexus-ipam on whereabouts' objects.
+    c.apply(
+        &(plexus_nad(&c, "rail", r#""type": "plexus-macvlan", "master": "ens1f0np0""#, "198.18.178.0/24")
+            + &plexus_nad(&c, "dev", r#""type": "plexus-host-device", "device": "ens2f0np0""#, "198.18.179.0/24")
+            + &c.pod("default", "q1", "rail")
+            + &c.pod("default", "q2", "rail,dev")),
+    );
+    c.wait_ready("default", "pod/q1", "120s");
+    c.wait_ready("default", "pod/q2", "60s");
+    let q: BTreeSet<String> = ["q1", "q2"]
+        .iter()
+        .flat_map(|p| c.pod_addrs("default", p))
+        .map(|a| a.split_whitespace().nth(1).unwrap().to_string())
+        .collect();
+    assert_eq!(q.len(), 3, "{q:?}");
+    assert_eq!(c.reservation_names().len(), 3);
+    assert_eq!(multus_files(&multus_dir).len(), 2, "a cache per pod, for Multus");
+    logs.phase("two pods on plexus");
+
+    // The rollback: the NADs back to the reference plugins and whereabouts on the same ranges,
+    // Multus's config first in the conf dir again.
+    c.apply(
+        &(whereabouts_nad(
+            &c,
+            "rail",
+            r#""type": "macvlan", "master": "ens1f0np0", "mode": "bridge""#,
+            "198.18.178.0/24",
+        ) + &whereabouts_nad(&c, "dev", r#""type": "host-device", "device": "ens2f0np0""#, "198.18.179.0/24")),
+    );
+    use_stack(&c, "multus");
+    logs.phase("Multus's config back, the NADs the reference plugins'");
+
+    // A new pod on Multus gets an address plexus's pods do not hold; theirs keep theirs.
+    c.apply(&c.pod("default", "m1", "rail"));
+    c.wait_ready("default", "pod/m1", "120s");
+    let m1 = c.pod_addrs("default", "m1");
+    assert!(m1.iter().all(|a| !q.contains(a.split_whitespace().nth(1).unwrap())), "{m1:?} against {q:?}");
+    assert_eq!(holders(&c, "198.18.178.0-24").len(), 3);
+
+    // plexus's pods deleted through Multus, from the caches plexus wrote for it (the pods are gone
+    // from the API by then: grace period 0): everything released, the host device back.
+    let cluster_before = cluster_addresses(&c);
+    c.delete("default", &["pod/q1", "pod/q2"]);
+    logs.phase("plexus's pods deleted through Multus");
+    wait_until("the host device back on the node", Duration::from_secs(30), || c.node_state().0.contains("ens2f0np0"));
+    wait_until("plexus-era addresses released", Duration::from_secs(30), || {
+        c.pool_entries("198.18.178.0-24").len() == 1 && c.pool_entries("198.18.179.0-24").is_empty()
+    });
+    assert_eq!(c.reservation_names().len(), 1, "m1's: {:?}", c.reservation_names());
+    assert_eq!(cluster_addresses(&c), cluster_before - 2, "q1's and q2's cluster addresses released");
+    assert_eq!(multus_files(&multus_dir).len(), 1 + 2, "m1's cache and results only: {:?}", multus_files(&multus_dir));
+    c.delete("default", &["pod/m1"]);
+    wait_until("every address released", Duration::from_secs(30), || {
+        c.pool_entries("198.18.178.0-24").is_empty() && c.reservation_names().is_empty()
+    });
+    let global = |(links, addrs): (BTreeSet<String>, BTreeSet<String>)| {
+        (links, addrs.into_iter().filter(|a| !a.contains("\"fe80:")).collect::<BTreeSet<_>>())
+    };
+    assert_eq!(global(c.node_state()), global(before), "the node's links and addresses as before the first pod");
+    assert!(c.data_names("hd").is_empty(), "plexus-host-device's DEL (run by Multus) removed its state");
+    // What Multus does not know stays: plexus's own cache of those pods, which docs/migrating.md
+    // removes once the last plexus-era pod is gone.
+    assert_eq!(c.data_names("meta").len(), 2, "{:?}", c.data_names("meta"));
 }

@@ -78,6 +78,12 @@ pub struct MetaConf {
     /// config key.
     #[serde(default = "default_multus_cache_dir")]
     pub multus_cache_dir: Option<PathBuf>,
+    /// plexus: also write, in `multusCacheDir`, the cache Multus would have written for each pod
+    /// plexus attaches, so that a node switched back to Multus deletes those pods as Multus
+    /// deletes its own (`crate::multus::write`). Off by default: one file more per ADD. The
+    /// admin's key, as every meta config key.
+    #[serde(default)]
+    pub write_multus_cache: bool,
 }
 
 fn default_multus_cache_dir() -> Option<PathBuf> {

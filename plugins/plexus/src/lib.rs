@@ -514,6 +514,15 @@ impl Meta {
         cache::save(&cache_path, &state)?;
         let mut undo = Undo::new();
         undo.push(Step::Cache(cache_path.clone()));
+        if conf.write_multus_cache
+            && let Some(dir) = &conf.multus_cache_dir
+        {
+            let written = multus::write(dir, &req.env.container_id, &state.attachments);
+            match written {
+                Ok(path) => undo.push(Step::Cache(path)),
+                Err(e) => return Err(roll_back(undo, e, &state.attachments, base, &req.policy, &*self.delegates)),
+            }
+        }
         // The delegates' ADDs end early enough for their DELs (a rollback) to run in what is left.
         let mut add_env = base.clone();
         add_env.cni.deadline = base.cni.deadline.keeping_for_undo();
@@ -612,8 +621,11 @@ impl Plugin for Meta {
         let errors = delete_all(&attachments, &base, &req.policy, conf.parallel, &*self.delegates);
         if errors.is_empty() || !conf.retry_delete_on_error {
             files::remove_if_present(&cache_path)?;
-            if let Some(sandbox) = &from_multus {
-                sandbox.remove();
+            match (&from_multus, &conf.multus_cache_dir) {
+                (Some(sandbox), _) => sandbox.remove(),
+                // The Multus cache plexus wrote beside its own (`writeMultusCache`).
+                (None, Some(dir)) => files::remove_if_present(&dir.join(&req.env.container_id))?,
+                (None, None) => {}
             }
         }
         cache::remove_leftovers(&conf.cni_dir, &req.env.container_id);
@@ -668,8 +680,12 @@ impl Plugin for Meta {
         let mut kept: Vec<(String, Vec<Attachment>)> = Vec::new();
         let (caches, mut unread) = cache::all(&conf.cni_dir);
         let (sandboxes, multus_unread) = conf.multus_cache_dir.as_deref().map(multus::Sandbox::all).unwrap_or_default();
+        // A container plexus attached has its own cache; a Multus cache of it is the one plexus
+        // wrote beside it (`writeMultusCache`), removed with it.
+        let (written, sandboxes): (Vec<_>, Vec<_>) =
+            sandboxes.into_iter().partition(|s| caches.iter().any(|(_, c)| c.container_id == s.container_id));
         // One directory for both (`cniDir` set to Multus's): each reader's leftovers are the other's.
-        unread.retain(|c| !sandboxes.iter().any(|s| &s.container_id == c));
+        unread.retain(|c| !sandboxes.iter().chain(&written).any(|s| &s.container_id == c));
         unread.extend(multus_unread.into_iter().filter(|c| !caches.iter().any(|(_, x)| &x.container_id == c)));
         let is_valid = |id: &str| valid.iter().any(|v| v.container_id == id);
         let mut gone = |container_id: &str, netns: Option<std::path::PathBuf>, attachments: Vec<Attachment>| {
@@ -686,8 +702,10 @@ impl Plugin for Meta {
                 kept.push((c.container_id, c.attachments));
                 continue;
             }
+            let id = c.container_id.clone();
             gone(&c.container_id, c.netns, c.attachments);
             let _ = files::remove_if_present(&path);
+            written.iter().filter(|s| s.container_id == id).for_each(multus::Sandbox::remove_cache);
         }
         for s in sandboxes {
             if is_valid(&s.container_id) {

@@ -12,6 +12,14 @@
 //! own format only, so a node switched back to Multus has Multus rebuild from the pod and its NADs
 //! (docs/migrating.md).
 //!
+//! The other way: with `writeMultusCache`, plexus also writes, for each pod it attaches, the cache
+//! Multus would have written ([`write`]): a node switched back to Multus then deletes plexus's
+//! pods from it as Multus deletes its own — also once a pod is gone from the API, where Multus
+//! has nothing else to go by, and without rebuilding a conflist from its typed copy (Multus v4's
+//! rebuild drops the plugins' own keys: the reference bridge's DEL then fails with "no IP ranges
+//! specified"). Multus runs what plexus ran, so plexus's plugins stay installed until the last
+//! of those pods is gone. plexus removes that file with its own cache.
+//!
 //! The directory is the admin's (`multusCacheDir`, Multus's default `/var/lib/cni/multus`); the
 //! container ID, validated by the entry point, is the only name taken from a request.
 
@@ -31,10 +39,14 @@ pub const DEFAULT_DIR: &str = "/var/lib/cni/multus";
 /// A cache or cached result larger than this is not Multus's (a pod's delegates are a few KiB).
 const MAX_BYTES: u64 = 4 << 20;
 
-/// One delegate as Multus v4 caches it (its `types.DelegateNetConf`; the typed `Conf`/`ConfList`
-/// copies are not read: `Bytes` is the conf Multus ran).
+/// One delegate as Multus v4 caches it (its `types.DelegateNetConf`). The conf it ran: a list's
+/// from `CNINetworkConfigList.Bytes` when there (Multus v4.2's top-level `Bytes` of a list are
+/// re-marshalled from its typed copy, which drops the plugins' own keys), else `Bytes`. The typed
+/// `Conf`/`ConfList` copies are not read.
 #[derive(Deserialize)]
 struct Delegate {
+    #[serde(rename = "CNINetworkConfigList", default)]
+    list: Option<ConfigList>,
     #[serde(rename = "Name", default)]
     name: String,
     #[serde(rename = "ifnameRequest", default)]
@@ -49,6 +61,13 @@ struct Delegate {
     device_id: String,
     #[serde(rename = "resourceName", default)]
     resource_name: String,
+    #[serde(rename = "Bytes", default)]
+    bytes: Option<String>,
+}
+
+/// libcni's `NetworkConfigList` as Go encodes it: the list's own bytes.
+#[derive(Deserialize)]
+struct ConfigList {
     #[serde(rename = "Bytes", default)]
     bytes: Option<String>,
 }
@@ -133,6 +152,13 @@ impl Sandbox {
         (read, unread)
     }
 
+    /// The cache file alone (one plexus wrote: it has no results).
+    pub fn remove_cache(&self) {
+        if let Err(e) = plexus_node::files::remove_if_present(&self.files[0]) {
+            tracing::warn!("{e}");
+        }
+    }
+
     /// After the DELs succeeded: Multus's cache of this container and its cached results.
     pub fn remove(&self) {
         for f in &self.files {
@@ -144,11 +170,12 @@ impl Sandbox {
 }
 
 impl Delegate {
-    /// The conf Multus ran (a single plugin's or a list), from `Bytes` (base64, as Go encodes a
-    /// byte slice).
+    /// The conf Multus ran (a single plugin's or a list), base64 as Go encodes a byte slice.
     fn conf(&self) -> Result<Value, String> {
-        let b64 =
-            self.bytes.as_deref().filter(|b| !b.is_empty()).ok_or("no \"Bytes\": the conf it ran is not known")?;
+        let list = self.list.as_ref().and_then(|l| l.bytes.as_deref()).filter(|b| !b.is_empty());
+        let b64 = list
+            .or(self.bytes.as_deref().filter(|b| !b.is_empty()))
+            .ok_or("no \"Bytes\": the conf it ran is not known")?;
         let raw = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("\"Bytes\": {e}"))?;
         let conf: Value = serde_json::from_slice(&raw).map_err(|e| format!("\"Bytes\" is not a conf: {e}"))?;
         if !conf.is_object() {
@@ -172,6 +199,52 @@ impl Delegate {
         }
         args
     }
+}
+
+/// The cache Multus v4 would have written for `attachments` of `container_id` (its
+/// `DelegateNetConf` list, the cluster network first): each conf as plexus runs it in `Bytes`,
+/// its typed copy where Multus's DEL looks for a list's plugins, and the interface name, MAC,
+/// IPs, device ID and gateways it was attached with. Written atomically, 0600 in a 0700
+/// directory; its path is returned.
+pub fn write(dir: &Path, container_id: &str, attachments: &[Attachment]) -> Result<PathBuf, plexus_cni::Error> {
+    let delegates: Vec<Value> = attachments
+        .iter()
+        .map(|a| {
+            let conf = &a.conf;
+            let is_list = conf.get("plugins").is_some_and(Value::is_array);
+            let mut d = json!({
+                "Conf": if is_list { json!({}) } else { conf.clone() },
+                "ConfList": if is_list { conf.clone() } else { json!({"plugins": null}) },
+                "Name": conf.get("name").cloned().unwrap_or_else(|| json!(a.network)),
+                "ifnameRequest": a.ifname,
+                "IsFilterV4Gateway": false,
+                "IsFilterV6Gateway": false,
+                "Bytes": base64::engine::general_purpose::STANDARD.encode(conf.to_string()),
+            });
+            let o = d.as_object_mut().expect("object");
+            if let Some(mac) = a.capability_args.get("mac") {
+                o.insert("macRequest".into(), mac.clone());
+            }
+            if let Some(ips) = a.capability_args.get("ips") {
+                o.insert("ipRequest".into(), ips.clone());
+            }
+            if let Some(id) = &a.device_id {
+                o.insert("deviceID".into(), json!(id));
+            }
+            if let Some(r) = &a.resource_name {
+                o.insert("resourceName".into(), json!(r));
+            }
+            if let Some(gw) = &a.default_route {
+                o.insert("default-route".into(), json!(gw));
+            }
+            d
+        })
+        .collect();
+    plexus_node::files::ensure_private_dir(dir)?;
+    let path = dir.join(container_id);
+    let bytes = serde_json::to_vec(&delegates).expect("json");
+    plexus_node::files::replace_private(&path, &bytes).map_err(|e| e.context("write Multus's cache"))?;
+    Ok(path)
 }
 
 /// The file's bytes, `None` when there is none: not through a symlink, at most [`MAX_BYTES`].

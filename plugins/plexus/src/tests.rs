@@ -238,8 +238,9 @@ fn what_a_groups_threads_log_reaches_the_requests_log_in_its_span() {
 fn switched_node(dir: &std::path::Path) -> Value {
     let multus = dir.join("multus");
     std::fs::create_dir_all(multus.join("results")).unwrap();
-    std::fs::write(multus.join("0123abcd"), include_str!("../tests/multus/cache-v4.json")).unwrap();
-    std::fs::write(multus.join("results/rail0-0123abcd-net1"), include_str!("../tests/multus/result-v4.json")).unwrap();
+    std::fs::write(multus.join("0123abcd"), include_str!("../tests/multus/v4-fields-cache.json")).unwrap();
+    std::fs::write(multus.join("results/rail0-0123abcd-net1"), include_str!("../tests/multus/v4-fields-result.json"))
+        .unwrap();
     json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus", "parallel": false,
         "cniDir": dir.join("plexus"), "multusCacheDir": multus})
 }
@@ -292,21 +293,27 @@ fn a_multus_sandbox_whose_del_fails_keeps_multus_cache_when_del_is_to_be_retried
     assert!(dir.path().join("multus/0123abcd").exists(), "kept for the retry");
 }
 
+/// `dir/bin/recorder`, a delegate that writes the config it gets to `dir/<verb>.json`.
+fn recorder(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let recorder = bin.join("recorder");
+    std::fs::write(&recorder, format!("#!/bin/sh\ncat > {}/$CNI_COMMAND.json\n", dir.display())).unwrap();
+    std::fs::set_permissions(&recorder, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
 /// GC on a switched node: a stale Multus sandbox is deleted and its files removed; a valid one is
 /// kept, and the cluster network's own GC (a real delegate process that records its config) is
 /// told it is still valid — else an IPAM's GC would release the addresses of a running pod.
 #[test]
 fn gc_dels_multus_sandboxes_the_runtime_no_longer_knows_and_tells_the_networks_gc_of_the_valid_ones() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let mut conf = switched_node(dir.path());
     let multus = dir.path().join("multus");
     std::fs::copy(multus.join("0123abcd"), multus.join("4567ef01")).unwrap();
-    let bin = dir.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
-    let recorder = bin.join("recorder");
-    std::fs::write(&recorder, format!("#!/bin/sh\ncat > {}/$CNI_COMMAND.json\n", dir.path().display())).unwrap();
-    std::fs::set_permissions(&recorder, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = recorder(dir.path());
     conf["delegates"] = json!([{"cniVersion": "1.1.0", "name": "cbr0", "type": "recorder"}]);
     conf["cni.dev/valid-attachments"] = json!([{"containerID": "4567ef01", "ifname": "eth0"}]);
     let fake = Arc::new(Fake::default());
@@ -317,4 +324,30 @@ fn gc_dels_multus_sandboxes_the_runtime_no_longer_knows_and_tells_the_networks_g
     assert!(multus.join("4567ef01").exists(), "a valid container's cache stays");
     let gc: Value = serde_json::from_slice(&std::fs::read(dir.path().join("GC.json")).unwrap()).unwrap();
     assert_eq!(gc["cni.dev/valid-attachments"], json!([{"containerID": "4567ef01", "ifname": "eth0"}]));
+}
+
+/// A container plexus attached with `writeMultusCache` has both caches: GC DELs it once, from
+/// plexus's, and removes both.
+#[test]
+fn gc_of_a_container_plexus_attached_dels_it_once_and_removes_the_multus_cache_written_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut conf = switched_node(dir.path());
+    std::fs::create_dir(dir.path().join("plexus")).unwrap();
+    let ours = Cache {
+        version: cache::CACHE_VERSION,
+        container_id: "0123abcd".into(),
+        netns: None,
+        pod_ref: None,
+        attachments: attachments(1),
+    };
+    cache::save(&dir.path().join("plexus/0123abcd"), &ours).unwrap();
+    let bin = recorder(dir.path());
+    conf["delegates"] = json!([{"cniVersion": "1.1.0", "name": "cbr0", "type": "recorder"}]);
+    conf["cni.dev/valid-attachments"] = json!([]);
+    let fake = Arc::new(Fake::default());
+    let meta = super::Meta { view: None, delegates: fake.clone() };
+    plexus_plugin::Plugin::gc(&meta, &meta_request_in("GC", "", &conf, &bin)).unwrap();
+    assert_eq!(fake.calls(Command::Del), ["rail0", "cluster"], "plexus's attachments, once");
+    assert!(!dir.path().join("plexus/0123abcd").exists());
+    assert!(!dir.path().join("multus/0123abcd").exists());
 }

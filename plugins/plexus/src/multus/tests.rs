@@ -1,7 +1,8 @@
-//! Multus's cache read as Multus's DEL reads it. The fixtures (plugins/plexus/tests/multus) are
-//! in Multus v4's encoding of its `DelegateNetConf` list — a cluster network (a conflist), a
-//! macvlan with the MAC and IP the selection asked for, a host-device with a device ID, a
-//! requested interface name and a gateway — and libcni's cached result of the macvlan.
+//! Multus's cache read as Multus's DEL reads it. The fixtures (plugins/plexus/tests/multus, its
+//! README says what each is): a cache the real Multus v4.2.3 wrote, and one in its encoding with
+//! the fields a plain pod does not use — a cluster network (a conflist), a macvlan with the MAC
+//! and IP the selection asked for, a host-device with a device ID, a requested interface name and
+//! a gateway — with libcni's cached result of the macvlan.
 
 use std::path::Path;
 
@@ -9,8 +10,9 @@ use serde_json::json;
 
 use super::*;
 
-const CACHE: &str = include_str!("../../tests/multus/cache-v4.json");
-const RESULT: &str = include_str!("../../tests/multus/result-v4.json");
+const CACHE: &str = include_str!("../../tests/multus/v4-fields-cache.json");
+const RESULT: &str = include_str!("../../tests/multus/v4-fields-result.json");
+const REAL: &str = include_str!("../../tests/multus/v4.2.3-thin-cache.json");
 
 fn multus_dir(dir: &Path, container_id: &str) {
     std::fs::write(dir.join(container_id), CACHE).unwrap();
@@ -30,6 +32,22 @@ fn each_delegate_gets_the_interface_multus_gave_it_and_the_conf_it_ran() {
     assert_eq!(s.attachments[0].conf["plugins"][1]["type"], "portmap");
     assert_eq!(s.attachments[1].conf["master"], "ens1f0np0");
     assert_eq!(s.attachments[2].conf["deviceID"], "0000:3b:00.1");
+}
+
+/// Multus v4.2.3's own cache: the cluster network's conflist as Multus ran it (its bridge's IPAM
+/// ranges), not the re-marshalled copy Multus's own DEL runs and fails on; NADs by their conf's
+/// name, as libcni names their results.
+#[test]
+fn a_cache_of_multus_v4_2_3_gives_the_conflist_as_multus_ran_it_not_its_lossy_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c1"), REAL).unwrap();
+    let s = Sandbox::load(dir.path(), "c1", "eth0").unwrap().unwrap();
+    let got: Vec<_> =
+        s.attachments.iter().map(|a| (a.network.as_str(), a.ifname.as_str(), a.cluster_network)).collect();
+    assert_eq!(got, [("bootstrap", "eth0", true), ("w-rail", "net1", false), ("w-dev", "net2", false)]);
+    let bridge = &s.attachments[0].conf["plugins"][0];
+    assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], "198.19.251.0/24");
+    assert_eq!(s.attachments[2].conf["device"], "ens2f0np0");
 }
 
 #[test]
@@ -99,4 +117,39 @@ fn every_multus_cache_of_a_directory_is_found_and_other_files_named() {
     let (read, unread) = Sandbox::all(dir.path());
     assert_eq!(read.iter().map(|s| s.container_id.as_str()).collect::<Vec<_>>(), ["0123abcd"]);
     assert_eq!(unread, ["notmultus"], "the results directory and dot files are not caches");
+}
+
+/// What plexus writes for Multus is what Multus's DEL reads back: the same delegates, interfaces,
+/// confs (a list's plugins where Multus looks for them) and capability arguments.
+#[test]
+fn the_cache_written_for_multus_reads_back_as_the_attachments_plexus_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    multus_dir(dir.path(), "0123abcd");
+    let ran = Sandbox::load(dir.path(), "0123abcd", "eth0").unwrap().unwrap().attachments;
+    let path = write(&dir.path().join("again"), "c2", &ran).unwrap();
+    let written: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    // Multus's DEL takes a delegate with plugins in "ConfList" for a list, else a single conf.
+    assert_eq!(written[0]["ConfList"]["plugins"][0]["type"], "bridge");
+    assert_eq!(written[1]["ConfList"]["plugins"], Value::Null);
+    assert_eq!(written[1]["Conf"]["type"], "macvlan");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    let back = Sandbox::load(&dir.path().join("again"), "c2", "eth0").unwrap().unwrap().attachments;
+    let view = |a: &[Attachment]| -> Vec<Value> {
+        a.iter()
+            .map(|a| {
+                json!([
+                    a.network,
+                    a.ifname,
+                    a.cluster_network,
+                    a.conf,
+                    a.capability_args,
+                    a.device_id,
+                    a.resource_name,
+                    a.default_route
+                ])
+            })
+            .collect()
+    };
+    assert_eq!(view(&back), view(&ran));
 }
