@@ -10,9 +10,12 @@
 #   daemon-del8      the DEL of an 8-network pod through each build's daemon (attachments DEL'd in
 #                    parallel); the pod is ADDed again before every run, untimed, in a pod
 #                    namespace of each build's own
-# Writes OUT/ab-<case>.json; figures only.
+# Writes OUT/ab-<case>.json; figures only. What a meta config key costs: the same build on both
+# sides, AB_NEW_META_KEYS the keys the new side's meta and daemon configs get besides (@SCRATCH@
+# in them: a directory whose file "bench" is removed before every run).
 #
 #   bash scripts/bench/ab.sh OLD_BIN_DIR NEW_BIN_DIR OUT_DIR [RUNS]
+#   AB_NEW_META_KEYS='"writeMultusCache": true, "multusCacheDir": "@SCRATCH@"' bash scripts/bench/ab.sh BIN BIN OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 old=${1:?usage: ab.sh OLD_BIN_DIR NEW_BIN_DIR OUT_DIR [RUNS]} new=${2:?} out=${3:?} RUNS=${4:-300}
@@ -85,11 +88,12 @@ spec:
   config: '{"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0", "mode": "bridge"}'
 YAML
 for b in old new; do
-  bin=$old; [ $b = new ] && bin=$new
-  echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"nadDir\":\"$work/nads\",\"networks\":\"rail0\",\"cniDir\":\"$work/cache-$b\",\"binDir\":\"$bin\"}" \
+  bin=$old extra=""
+  if [ $b = new ]; then bin=$new; extra=${AB_NEW_META_KEYS:+,${AB_NEW_META_KEYS//@SCRATCH@/$work/scratch}}; fi
+  echo "{\"cniVersion\":\"1.0.0\",\"name\":\"plexus\",\"type\":\"plexus\",\"nadDir\":\"$work/nads\",\"networks\":\"rail0\",\"cniDir\":\"$work/cache-$b\",\"binDir\":\"$bin\"$extra}" \
     > "$work/meta-$b.json"
 done
-unlink_meta="ip -n $pod link del net1 2> /dev/null; rm -f $work/cache-old/bench $work/cache-new/bench; true"
+unlink_meta="ip -n $pod link del net1 2> /dev/null; rm -f $work/cache-old/bench $work/cache-new/bench $work/scratch/bench; true"
 pair meta "$unlink_meta" "$work/meta-old.json" "$work/meta-new.json" plexus
 
 port=9140

@@ -57,9 +57,12 @@ impl std::fmt::Debug for Builtin {
 /// ([`crate::Request::runner`]) and delegates with.
 ///
 /// [`Runner::default`] is a plugin binary's: every delegate is exec'd. [`Runner::parent`] is a
-/// long-running parent's (plexus-daemon): its delegates die with the thread that started them,
-/// and the plugins it carries run in-process. Clones share what was learned (which binary is
-/// which plugin, whether in-process runs were given up).
+/// long-running parent's (plexus-daemon): the plugins it carries run in-process. Either way a
+/// delegate dies (SIGKILL) when the thread that started it ends: a plugin killed mid-request (a
+/// runtime's timeout, a crash) must not leave its delegates running on, racing the DEL the
+/// runtime sends next — an IPAM ADD finishing after that DEL would hold its address for good.
+/// Clones share what was learned (which binary is which plugin, whether in-process runs were
+/// given up).
 #[derive(Clone, Default)]
 pub struct Runner(Option<Arc<Parent>>);
 
@@ -88,18 +91,11 @@ impl std::fmt::Debug for Runner {
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
 impl Runner {
-    /// A long-running parent's runner: every delegate dies (SIGKILL) when the thread that started
-    /// it ends — a parent killed mid-request must not leave delegates running on, racing the DEL
-    /// the runtime sends next — and `carried` run in-process whenever a delegation finds one of
+    /// A long-running parent's runner: `carried` run in-process whenever a delegation finds one of
     /// them, of this build, in `CNI_PATH` (none: every delegate is exec'd). Plugins without a
     /// build are never run in-process.
     pub fn parent(carried: &'static [Builtin]) -> Runner {
         Runner(Some(Arc::new(Parent { carried, seen: Mutex::default(), given_up: AtomicBool::new(false) })))
-    }
-
-    /// Whether delegates die with the thread that started them (a parent's).
-    pub(crate) fn delegates_die_with_parent(&self) -> bool {
-        self.0.is_some()
     }
 
     /// Stop running delegates in-process, for the rest of this runner's life: `why` an

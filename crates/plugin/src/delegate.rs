@@ -108,8 +108,7 @@ impl Runner {
             }
             None => {
                 tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
-                let (child, feeder) =
-                    start(&binary, command, env, stdin, self.delegates_die_with_parent()).map_err(failed)?;
+                let (child, feeder) = start(&binary, command, env, stdin).map_err(failed)?;
                 Run::Child { child, feeder }
             }
         };
@@ -229,7 +228,6 @@ fn start(
     command: Command,
     env: &CniEnv,
     stdin: Vec<u8>,
-    die_with_parent: bool,
 ) -> std::io::Result<(Child, Option<std::thread::JoinHandle<()>>)> {
     let mut cmd = Process::new(binary);
     for (k, v) in child_env(command, env)? {
@@ -242,18 +240,17 @@ fn start(
     // A group of its own: at its deadline, and when it ends, the group is killed, so nothing it
     // started outlives the request.
     cmd.process_group(0);
-    if die_with_parent {
-        let parent = nix::unistd::getpid();
-        // SAFETY: between fork and exec only prctl(2) and getppid(2): no allocation, no lock.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                if nix::unistd::getppid() != parent {
-                    return Err(std::io::Error::other("the parent died before the delegate started"));
-                }
-                Ok(())
-            });
-        }
+    // It dies with the thread that started it ([`crate::builtin::Runner`]).
+    let parent = nix::unistd::getpid();
+    // SAFETY: between fork and exec only prctl(2) and getppid(2): no allocation, no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other("the parent died before the delegate started"));
+            }
+            Ok(())
+        });
     }
     let mut child = cmd.spawn()?;
     let mut pipe = child.stdin.take().expect("stdin is piped");

@@ -143,6 +143,13 @@ impl MetaConf {
             tracing::warn!("\"delegates\" ignored: \"clusterNetwork\" is set (as Multus does)");
             conf.delegates.clear();
         }
+        // Multus's cache of a container and plexus's own would be one file.
+        if conf.write_multus_cache && conf.multus_cache_dir.as_ref() == Some(&conf.cni_dir) {
+            return Err(Error::invalid_config(format!(
+                "\"writeMultusCache\": \"multusCacheDir\" {} is \"cniDir\": plexus's cache would be written over",
+                conf.cni_dir.display()
+            )));
+        }
         Ok(conf)
     }
 

@@ -351,3 +351,12 @@ fn gc_of_a_container_plexus_attached_dels_it_once_and_removes_the_multus_cache_w
     assert!(!dir.path().join("plexus/0123abcd").exists());
     assert!(!dir.path().join("multus/0123abcd").exists());
 }
+
+#[test]
+fn writing_multus_cache_into_plexus_own_cache_directory_is_refused_naming_the_keys() {
+    let conf = json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus",
+        "cniDir": "/var/lib/cni/multus", "multusCacheDir": "/var/lib/cni/multus", "writeMultusCache": true});
+    let err = crate::conf::MetaConf::load(&meta_request("DEL", "c1", &conf)).unwrap_err();
+    assert_eq!(err.code, plexus_cni::code::INVALID_NETWORK_CONFIG);
+    assert!(err.msg.contains("\"writeMultusCache\"") && err.msg.contains("/var/lib/cni/multus"), "{err:?}");
+}
