@@ -101,13 +101,17 @@ impl Sandbox {
                 (requested, _) => requested.to_string(),
             };
             let network = conf.get("name").and_then(Value::as_str).unwrap_or(&d.name).to_string();
-            let cached = dir.join("results").join(format!("{network}-{container_id}-{ifname}"));
-            let result = read_bounded(&cached)
-                .ok()
-                .flatten()
+            // libcni's result of it, named after the network and interface — names a NAD and an
+            // annotation chose: only valid ones become a path (read, then removed).
+            let valid = plexus_cni::env::validate_network_name(&network).is_ok()
+                && plexus_cni::env::validate_ifname(&ifname).is_ok();
+            let cached = valid.then(|| dir.join("results").join(format!("{network}-{container_id}-{ifname}")));
+            let result = cached
+                .as_deref()
+                .and_then(|c| read_bounded(c).ok().flatten())
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
                 .and_then(|v| v.get("result").cloned());
-            sandbox.files.push(cached);
+            sandbox.files.extend(cached);
             let attachment = Attachment {
                 network,
                 ifname,

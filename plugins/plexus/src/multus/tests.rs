@@ -153,3 +153,21 @@ fn the_cache_written_for_multus_reads_back_as_the_attachments_plexus_ran() {
     };
     assert_eq!(view(&back), view(&ran));
 }
+
+/// A NAD's network name and an annotation's interface name are tenants': one that would leave the
+/// results directory never becomes a path plexus reads or removes.
+#[test]
+fn a_network_name_that_would_leave_the_results_directory_is_neither_read_nor_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim-c1-net1");
+    std::fs::write(&victim, "{}").unwrap();
+    let conf = json!({"cniVersion": "1.0.0", "name": "../victim", "type": "macvlan"});
+    let bytes = base64::engine::general_purpose::STANDARD.encode(conf.to_string());
+    let cache = json!([{"Name": "x", "Bytes": bytes}, {"Name": "y", "ifnameRequest": "../../x", "Bytes": bytes}]);
+    std::fs::write(dir.path().join("c1"), cache.to_string()).unwrap();
+    let s = Sandbox::load(dir.path(), "c1", "net1").unwrap().unwrap();
+    assert_eq!(s.attachments.len(), 2);
+    s.remove();
+    assert!(victim.exists(), "outside the results directory: not removed");
+    assert!(!dir.path().join("c1").exists());
+}
