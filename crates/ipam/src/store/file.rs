@@ -493,7 +493,12 @@ impl Store for FileStore {
     }
 
     fn release(&self, container_id: &str, ifname: &str) -> Result<Vec<Allocation>, IpamError> {
-        let Some(mut domain) = self.domain(false)? else { return Ok(Vec::new()) };
+        let Some(mut domain) = self.domain(false)? else {
+            // Nothing to release; but a DEL killed after its domain went and before the tenant's
+            // directory did left that directory empty: it goes now.
+            self.data.retire_if_empty();
+            return Ok(Vec::new());
+        };
         let released = domain.release_locked(container_id, ifname)?;
         let record = domain.record_path(container_id, ifname);
         if domain.attachments_left() {
@@ -638,4 +643,30 @@ fn unlink(path: &Path) -> std::io::Result<()> {
 /// address; otherwise per range, see [`Domain::ip_key`]).
 fn held_keys(h: &Held) -> [String; 2] {
     [Domain::ip_key(h.ip, &h.range, true), Domain::ip_key(h.ip, &h.range, false)]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use plexus_node::Policy;
+    use plexus_node::datadir::Kind;
+
+    use super::*;
+
+    /// A DEL killed after its domain went and before the tenant's directory did (its parent
+    /// plugin killed: the delegate dies with it): the runtime's next DEL finds nothing to release
+    /// and removes the directory.
+    #[test]
+    fn a_release_that_finds_no_domain_removes_a_tenant_directory_left_empty() {
+        let root = tempfile::tempdir().unwrap();
+        let policy = Policy::parse(serde_json::json!({"dataRoots": [root.path()]}).to_string().as_bytes()).unwrap();
+        let dir = root.path().join("team-a-ipam");
+        let soon = || Deadline::after(Duration::from_secs(5));
+        let data = policy.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "its mark alone");
+        let store = FileStore::open(data, "default", soon()).unwrap();
+        assert!(store.release("c1", "net1").unwrap().is_empty());
+        assert!(!dir.exists());
+    }
 }
