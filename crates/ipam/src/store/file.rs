@@ -663,7 +663,8 @@ mod tests {
         let policy = Policy::parse(serde_json::json!({"dataRoots": [root.path()]}).to_string().as_bytes()).unwrap();
         let dir = root.path().join("team-a-ipam");
         let soon = || Deadline::after(Duration::from_secs(5));
-        let data = policy.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        let data =
+            policy.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "its mark alone");
         let store = FileStore::open(data, "default", soon()).unwrap();
         assert!(store.release("c1", "net1").unwrap().is_empty());
