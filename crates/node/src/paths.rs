@@ -10,6 +10,9 @@ pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
 /// The meta-plugin's delegate cache.
 pub const META_CACHE_DIR: &str = "/var/lib/cni/plexus";
+/// Multus's delegate cache (its default `cniDir`), which the meta-plugin reads on a node switched
+/// from Multus (`multusCacheDir`).
+pub const MULTUS_CACHE_DIR: &str = "/var/lib/cni/multus";
 /// plexus-ipam's file store.
 pub const IPAM_DATA_DIR: &str = "/var/lib/cni/plexus-ipam";
 /// plexus-host-device's state files.

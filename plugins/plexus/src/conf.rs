@@ -87,7 +87,7 @@ pub struct MetaConf {
 }
 
 fn default_multus_cache_dir() -> Option<PathBuf> {
-    Some(crate::multus::DEFAULT_DIR.into())
+    Some(plexus_node::paths::MULTUS_CACHE_DIR.into())
 }
 
 fn default_parallel() -> bool {

@@ -34,8 +34,6 @@ use serde_json::{Map, Value, json};
 
 use crate::attachment::Attachment;
 
-/// Multus's default `cniDir`.
-pub const DEFAULT_DIR: &str = "/var/lib/cni/multus";
 /// A cache or cached result larger than this is not Multus's (a pod's delegates are a few KiB).
 const MAX_BYTES: u64 = 4 << 20;
 
