@@ -66,6 +66,13 @@ fn cluster_addresses(c: &Cluster) -> usize {
         .count()
 }
 
+/// The node's links and addresses without IPv6 link-local ones: the reference host-device gives
+/// a device back down (it restores its name only), so the kernel has not made its link-local
+/// address again.
+fn global((links, addrs): (BTreeSet<String>, BTreeSet<String>)) -> (BTreeSet<String>, BTreeSet<String>) {
+    (links, addrs.into_iter().filter(|a| !a.contains("\"fe80:")).collect())
+}
+
 /// The files Multus keeps (its delegate caches and libcni's results), relative to its directory.
 fn multus_files(dir: &Path) -> Vec<String> {
     let mut found = Vec::new();
@@ -190,11 +197,6 @@ fn a_node_switched_from_multus_to_plexus_keeps_multus_pods_and_plexus_deletes_th
     wait_until("every address released", Duration::from_secs(30), || {
         c.pool_entries("198.18.178.0-24").is_empty() && c.reservation_names().is_empty()
     });
-    // The reference host-device gives a device back down (it restores its name only), so the
-    // kernel has not made its IPv6 link-local address again: those are left out.
-    let global = |(links, addrs): (BTreeSet<String>, BTreeSet<String>)| {
-        (links, addrs.into_iter().filter(|a| !a.contains("\"fe80:")).collect::<BTreeSet<_>>())
-    };
     assert_eq!(global(c.node_state()), global(before), "the node's links and addresses as before the first pod");
 }
 
@@ -279,9 +281,6 @@ fn a_node_switched_back_to_multus_deletes_plexus_pods_from_the_cache_plexus_wrot
     wait_until("every address released", Duration::from_secs(30), || {
         c.pool_entries("198.18.178.0-24").is_empty() && c.reservation_names().is_empty()
     });
-    let global = |(links, addrs): (BTreeSet<String>, BTreeSet<String>)| {
-        (links, addrs.into_iter().filter(|a| !a.contains("\"fe80:")).collect::<BTreeSet<_>>())
-    };
     assert_eq!(global(c.node_state()), global(before), "the node's links and addresses as before the first pod");
     assert!(c.data_names("hd").is_empty(), "plexus-host-device's DEL (run by Multus) removed its state");
     // What Multus does not know stays: plexus's own cache of those pods, which docs/migrating.md
