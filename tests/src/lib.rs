@@ -13,6 +13,7 @@ pub mod etcd;
 pub mod fake_api;
 pub mod kernel;
 pub mod netns;
+pub mod otlp;
 pub mod reliability;
 pub mod runner;
 pub mod tenant;

@@ -358,6 +358,107 @@ fn the_runtimes_trace_context_reaches_the_delegates_of_a_delegate_run_in_process
 }
 
 #[test]
+fn with_a_collector_the_daemon_sends_a_span_for_each_request_and_each_delegate_under_the_runtimes_trace() {
+    use plexus_tests::otlp::{Collector, attribute, hex};
+    let n = Node::new();
+    let collector = Collector::start_in(&n.lab.node);
+    let _d = n.daemon(&["--otlp-endpoint", &collector.endpoint]);
+    n.nad("broken", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic9"}));
+    // plexus-ipam, exec'd by the in-process plexus-macvlan, says what trace context it got.
+    let seen = n.dir.path().join("traced");
+    let wrapper = n.dir.path().join("gate/plexus-ipam");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n[ -n \"$CNI_COMMAND\" ] && echo \"$CNI_COMMAND|$TRACEPARENT|$TRACESTATE\" >> {}\nexec {}\n",
+            seen.display(),
+            bin_dir().join("plexus-ipam").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (trace, runtime_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    let run = |verb: &str, networks: &str, parent: Option<&str>| {
+        let mut r = PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment("pod1", &n.lab.pod.path(), "eth0", &bin_dir().display().to_string())
+            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer")
+            .stdin(&n.conf(networks))
+            .in_netns(&n.lab.node);
+        if let Some(parent) = parent {
+            r = r.env("TRACEPARENT", parent).env("TRACESTATE", "plexus=t61rcWkgMzE");
+        }
+        r.run()
+    };
+    let sampled = format!("00-{trace}-{runtime_span}-01");
+    assert!(run("ADD", "rail0", Some(unsampled)).success());
+    assert!(run("DEL", "rail0", Some(unsampled)).success());
+    assert!(run("ADD", "rail0", Some(&sampled)).success());
+    assert!(run("DEL", "rail0", Some(&sampled)).success());
+    let failed = run("ADD", "broken", None);
+    assert!(!failed.success());
+
+    let spans = collector.wait_for(Duration::from_secs(20), |spans| {
+        spans.iter().filter(|s| s.name.starts_with("CNI ")).count() >= 3
+            && spans.iter().filter(|s| s.name.starts_with("delegate ")).count() >= 3
+    });
+    let named = |name: &str, trace_id: Option<&str>| -> Vec<_> {
+        spans.iter().filter(|s| s.name == name && trace_id.is_none_or(|t| hex(&s.trace_id) == t)).collect()
+    };
+    assert!(
+        spans.iter().all(|s| hex(&s.trace_id) != "0af7651916cd43dd8448eb211c80319c"),
+        "a trace the runtime did not sample is not recorded: {spans:#?}"
+    );
+    // The sampled ADD: a server span under the runtime's span, the pod named; the delegate's
+    // client span under it; the IPAM plexus-macvlan exec'd was handed the request's span as parent.
+    let add = named("CNI ADD", Some(trace));
+    assert_eq!(add.len(), 1, "{spans:#?}");
+    let add = add[0];
+    assert_eq!(hex(&add.parent_span_id), runtime_span);
+    assert_eq!(add.kind, 2, "server");
+    assert_eq!(attribute(add, "cni.container_id").as_deref(), Some("pod1"));
+    assert_eq!(attribute(add, "k8s.pod.name").as_deref(), Some("trainer"));
+    assert_eq!(attribute(add, "k8s.namespace.name").as_deref(), Some("default"));
+    let delegate = named("delegate ADD", Some(trace));
+    assert_eq!(delegate.len(), 1, "{spans:#?}");
+    assert_eq!(delegate[0].parent_span_id, add.span_id);
+    assert_eq!(delegate[0].kind, 3, "client");
+    assert_eq!(attribute(delegate[0], "cni.network").as_deref(), Some("default/rail0"));
+    assert_eq!(attribute(delegate[0], "cni.delegate.type").as_deref(), Some("plexus-macvlan"));
+    assert!(delegate[0].start_time_unix_nano >= add.start_time_unix_nano);
+    assert!(delegate[0].end_time_unix_nano <= add.end_time_unix_nano);
+    let del = named("CNI DEL", Some(trace));
+    assert_eq!(del.len(), 1, "{spans:#?}");
+    assert_eq!(named("delegate DEL", Some(trace))[0].parent_span_id, del[0].span_id);
+    let handed = std::fs::read_to_string(&seen).unwrap();
+    let request_span = |s: &&opentelemetry_proto::tonic::trace::v1::Span| format!("00-{trace}-{}-01", hex(&s.span_id));
+    assert!(
+        handed.contains(&format!("ADD|{}|plexus=t61rcWkgMzE\n", request_span(&add)))
+            && handed.contains(&format!("DEL|{}|plexus=t61rcWkgMzE\n", request_span(&del[0]))),
+        "the delegates are handed the request's span as their parent, the runtime's tracestate kept: {handed}"
+    );
+    assert!(handed.contains("|00-0af7651916cd43dd8448eb211c80319c-"), "and an unsampled trace stays one: {handed}");
+    // The ADD that failed, with no trace context from the runtime: a trace of its own, the error
+    // on the request and on the delegate.
+    let failed_add: Vec<_> = spans.iter().filter(|s| s.name == "CNI ADD" && s.parent_span_id.is_empty()).collect();
+    assert_eq!(failed_add.len(), 1, "{spans:#?}");
+    let status = failed_add[0].status.as_ref().expect("a status");
+    assert_eq!(status.code, 2, "error: {status:?}");
+    assert!(status.message.contains("nic9"), "{status:?}");
+    assert_eq!(attribute(failed_add[0], "cni.error.code"), Some(failed.error().0.to_string()));
+    let failed_delegate =
+        spans.iter().find(|s| s.parent_span_id == failed_add[0].span_id).expect("its delegate's span");
+    assert_eq!(attribute(failed_delegate, "cni.network").as_deref(), Some("default/broken"));
+    assert_eq!(failed_delegate.status.as_ref().map(|s| s.code), Some(2));
+    // A collector gone costs the requests nothing but their spans.
+    drop(collector);
+    assert!(run("ADD", "rail0", Some(&sampled)).success());
+    assert!(run("DEL", "rail0", Some(&sampled)).success());
+    assert!(!n.shim_log().contains("thin mode"), "{}", n.shim_log());
+    assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
+}
+
+#[test]
 fn delegates_run_in_process_leave_no_descriptor_behind_in_the_daemon() {
     let n = Node::new();
     let d = n.daemon(&[]);

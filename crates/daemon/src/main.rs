@@ -13,6 +13,7 @@ mod events;
 mod http;
 mod metrics;
 mod server;
+mod spans;
 mod status;
 
 use std::net::SocketAddr;
@@ -70,6 +71,11 @@ struct Args {
     /// `false`: every delegate is exec'd.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     in_process_delegates: bool,
+    /// An OpenTelemetry collector (OTLP over gRPC, `http://HOST:4317`) to send spans to: one for
+    /// each request, the child of the runtime's trace context, and one for each delegate call
+    /// under it. Unset: no spans, and delegates get the runtime's trace context as it came.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// The daemon's own log level (requests log where their config says, as in thin mode).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -166,10 +172,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let status = caches.as_ref().map(|c| c.status.clone());
     // Its delegates die with their request's thread; the plugins it links run in-process.
     let runner = Runner::parent(if args.in_process_delegates { &IN_PROCESS } else { &[] });
+    let spans = match args.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        Some(endpoint) => {
+            tracing::info!(endpoint, "spans to an OpenTelemetry collector");
+            Some(Arc::new(spans::Spans::start(endpoint, args.node_name.as_deref())?))
+        }
+        None => None,
+    };
+    let mut observers: Vec<Arc<dyn plexus::Observer>> = vec![Arc::new(metrics::Delegates::new(metrics.clone()))];
+    observers.extend(spans.clone().map(|s| s as Arc<dyn plexus::Observer>));
     let daemon = Arc::new(server::Daemon::new(
-        plexus::Meta::with_view(view).observed_by(Arc::new(metrics::Delegates::new(metrics.clone()))),
+        plexus::Meta::with_view(view).observed_by(observers),
         runner,
         metrics,
+        spans.clone(),
         args.max_concurrent.max(1),
         args.max_queued,
     ));
@@ -198,6 +214,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Ok(left) => tracing::warn!(left, "network-status not yet written: left in the journal"),
             Err(e) => tracing::error!("flushing network-status: {e}"),
         }
+    }
+    if let Some(spans) = spans {
+        let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
     }
     Ok(())
 }

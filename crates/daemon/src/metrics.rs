@@ -184,13 +184,13 @@ impl Delegates {
 }
 
 impl plexus::Observer for Delegates {
-    fn delegate(&self, command: Command, network: &str, delegate_type: &str, took: Duration, code: Option<u32>) {
+    /// The call's latency (its errors are counted by code once, for the request).
+    fn delegate(&self, call: &plexus::DelegateCall<'_>) {
         let labels = vec![
-            ("command", command.to_string()),
-            ("network", self.network_label(network)),
-            ("type", delegate_type.to_string()),
+            ("command", call.command.to_string()),
+            ("network", self.network_label(call.network)),
+            ("type", call.delegate_type.to_string()),
         ];
-        self.metrics.delegates.get_or_create(&labels).observe(took.as_secs_f64());
-        let _ = code; // the request's errors are counted by code once, for the request
+        self.metrics.delegates.get_or_create(&labels).observe(call.took.as_secs_f64());
     }
 }

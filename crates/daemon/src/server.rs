@@ -16,6 +16,7 @@ use tokio::sync::{Notify, Semaphore};
 use plexus_plugin::builtin::Runner;
 
 use crate::metrics::Metrics;
+use crate::spans::Spans;
 
 /// How long a peer has to send its request, and later its go-ahead.
 const PEER_DEADLINE: Duration = Duration::from_secs(5);
@@ -26,6 +27,8 @@ pub struct Daemon {
     /// daemon carries run in-process.
     pub runner: Runner,
     pub metrics: Arc<Metrics>,
+    /// Each request's span, when the daemon exports spans.
+    pub spans: Option<Arc<Spans>>,
     pub max_concurrent: usize,
     pub max_queued: usize,
     running: Arc<Semaphore>,
@@ -42,6 +45,7 @@ impl Daemon {
         meta: plexus::Meta,
         runner: Runner,
         metrics: Arc<Metrics>,
+        spans: Option<Arc<Spans>>,
         max_concurrent: usize,
         max_queued: usize,
     ) -> Daemon {
@@ -49,6 +53,7 @@ impl Daemon {
             meta,
             runner,
             metrics,
+            spans,
             max_concurrent,
             max_queued,
             running: Arc::new(Semaphore::new(max_concurrent)),
@@ -261,7 +266,11 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     // pool and back (each a wake-up on the way of every request). Exec'd delegates die with the
     // thread that started them, and this thread only ends once idle, every delegate it started
     // waited for.
+    let span = daemon.spans.as_ref().map(|s| s.request(&mut request.env));
     let response = tokio::task::block_in_place(|| run(&daemon.meta, &daemon.runner, &request));
+    if let Some(span) = span {
+        span.end(&response);
+    }
     daemon.running_slots.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, &slot));
     // Answered by the watchdog already (the request overran): nothing more to say.
     let Some((permit, pending)) = slot.take() else { return };

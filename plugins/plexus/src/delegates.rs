@@ -5,7 +5,7 @@
 //! (`tests.rs`) put a recording fake in its place, so the steps are tested without root.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use plexus_cni::{CniResult, Command, Error};
 use serde_json::Value;
@@ -20,25 +20,38 @@ pub(crate) trait Delegates: Send + Sync {
     fn check(&self, a: &Attachment, env: &DelegateEnv) -> Result<(), Error>;
 }
 
-/// Told of every delegate call (the daemon's metrics).
+/// Told of every delegate call (the daemon's metrics and spans).
 pub trait Observer: Send + Sync {
-    /// `command` on `network` (whose first plugin is `delegate_type`) took `took`; `code` is the
-    /// CNI error code when it failed.
-    fn delegate(&self, command: Command, network: &str, delegate_type: &str, took: Duration, code: Option<u32>);
+    fn delegate(&self, call: &DelegateCall<'_>);
+}
+
+/// One delegate call, as an [`Observer`] is told of it when it has ended.
+pub struct DelegateCall<'a> {
+    pub command: Command,
+    /// The network (`namespace/nad`, or the conf's own name).
+    pub network: &'a str,
+    /// The network's first plugin, or [`UNKNOWN_TYPE`].
+    pub delegate_type: &'a str,
+    pub started: SystemTime,
+    pub took: Duration,
+    /// The error when it failed.
+    pub error: Option<&'a Error>,
+    /// The `TRACEPARENT` the delegate was handed, when it was handed one.
+    pub traceparent: Option<&'a str>,
 }
 
 /// The delegate type an observer is told for a type that names no installed plugin.
 pub const UNKNOWN_TYPE: &str = "(not installed)";
 
-/// The delegates as they are: each attachment's chain of plugins, observed when an observer is
-/// given.
+/// The delegates as they are: each attachment's chain of plugins, each call told to the
+/// observers.
 #[derive(Default)]
 pub(crate) struct Chains {
-    pub observer: Option<Arc<dyn Observer>>,
+    pub observers: Vec<Arc<dyn Observer>>,
 }
 
 impl Chains {
-    /// Run one delegate verb, telling the observer how long it took and how it ended.
+    /// Run one delegate verb, telling the observers how long it took and how it ended.
     fn observed<T>(
         &self,
         command: Command,
@@ -46,11 +59,26 @@ impl Chains {
         env: &DelegateEnv,
         call: impl FnOnce() -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let Some(obs) = &self.observer else { return call() };
-        let start = Instant::now();
+        if self.observers.is_empty() {
+            return call();
+        }
+        let (started, start) = (SystemTime::now(), Instant::now());
         let out = call();
-        let code = out.as_ref().err().map(|e| e.code);
-        obs.delegate(command, &a.network, &observed_type(a, env), start.elapsed(), code);
+        let took = start.elapsed();
+        let delegate_type = observed_type(a, env);
+        let traceparent = env.cni.vars.iter().find(|(k, _)| k == "TRACEPARENT").map(|(_, v)| v.as_str());
+        let call = DelegateCall {
+            command,
+            network: &a.network,
+            delegate_type: &delegate_type,
+            started,
+            took,
+            error: out.as_ref().err(),
+            traceparent,
+        };
+        for observer in &self.observers {
+            observer.delegate(&call);
+        }
         out
     }
 }

@@ -47,7 +47,7 @@ use pod::PodNetns;
 use serde_json::Value;
 
 pub use conf::MetaConf as Config;
-pub use delegates::{Observer, UNKNOWN_TYPE};
+pub use delegates::{DelegateCall, Observer, UNKNOWN_TYPE};
 
 /// The meta-plugin's name and version (the shim's and the daemon's).
 pub const ABOUT: About =
@@ -76,9 +76,9 @@ impl Meta {
         Meta { view, ..Meta::thin() }
     }
 
-    /// `observer` is told of every delegate call (the daemon's metrics).
-    pub fn observed_by(self, observer: Arc<dyn Observer>) -> Meta {
-        Meta { delegates: Arc::new(Chains { observer: Some(observer) }), ..self }
+    /// `observers` are told of every delegate call (the daemon's metrics and spans).
+    pub fn observed_by(self, observers: Vec<Arc<dyn Observer>>) -> Meta {
+        Meta { delegates: Arc::new(Chains { observers }), ..self }
     }
 }
 
