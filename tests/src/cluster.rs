@@ -120,6 +120,11 @@ impl Cluster {
         &self.env[key]
     }
 
+    /// What `cluster.sh up` printed, for the scripts that take it in their environment.
+    pub fn vars(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
     /// plexus's files on the node: binaries in the CNI bin dir, the meta config and the
     /// credentials directory in the CNI conf dir.
     pub fn plexus_files_on_node(&self) -> Vec<String> {

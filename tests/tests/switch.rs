@@ -2,8 +2,9 @@
 //! pods attached by the stack before keep their interfaces and addresses, new pods never get an
 //! address an earlier pod holds, and deleting the earlier pods through the other stack releases
 //! everything (whereabouts' allocations and reservations, host devices, Multus's cache). On the
-//! real node of `scripts/cluster.sh` ([`plexus_tests::cluster`]), with Multus v4 thin, the
-//! reference macvlan and host-device and whereabouts on its Kubernetes objects.
+//! real node of `scripts/cluster.sh` ([`plexus_tests::cluster`]), with Multus v4 thin or thick
+//! (multus-daemon in its DaemonSet, `scripts/cluster-multus-thick.sh`), the reference macvlan and
+//! host-device and whereabouts on its Kubernetes objects.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,50 @@ fn install_multus_thin(c: &Cluster) -> PathBuf {
         std::fs::copy(peers.join(bin), Path::new(c.var("CNI_BIN_DIR")).join(bin)).unwrap();
     }
     c.data().join("multus")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Multus {
+    Thin,
+    Thick,
+}
+
+/// Multus of `kind` on the node with the reference plugins and whereabouts, its config first in
+/// the conf dir; returns its cache directory.
+fn install_multus(c: &Cluster, kind: Multus) -> PathBuf {
+    let dir = install_multus_thin(c);
+    start_multus(c, kind);
+    dir
+}
+
+/// Multus's config first in the conf dir, containerd running it. Thick: multus-daemon's DaemonSet,
+/// which writes its shim's config itself, around the node's cluster network.
+fn start_multus(c: &Cluster, kind: Multus) {
+    match kind {
+        Multus::Thin => use_stack(c, "multus"),
+        Multus::Thick => {
+            let out = c
+                .script("cluster-multus-thick.sh")
+                .envs(c.vars())
+                .env("MULTUS_MASTER_CNI", Path::new(c.var("CLUSTER_NETWORK")).file_name().unwrap())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "cluster-multus-thick.sh:\n{}", String::from_utf8_lossy(&out.stderr));
+            wait_until("containerd runs Multus thick's config", Duration::from_secs(30), || {
+                c.crictl(&["info"]).1.contains("multus-shim")
+            });
+        }
+    }
+}
+
+/// Multus's config gone from the conf dir (thick: its DaemonSet deleted, whose daemon removes
+/// it), containerd running plexus's.
+fn remove_multus(c: &Cluster, kind: Multus) {
+    if kind == Multus::Thick {
+        let out = c.script("cluster-multus-thick.sh").arg("--uninstall").envs(c.vars()).output().unwrap();
+        assert!(out.status.success(), "cluster-multus-thick.sh --uninstall:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    use_stack(c, "plexus");
 }
 
 /// Which meta-plugin containerd runs: Multus's config is written first in the conf dir (it sorts
@@ -102,22 +147,35 @@ impl Drop for Logs<'_> {
         }
         for (log, filter) in [("plexus.log", ""), ("multus.log", ""), ("containerd.log", "cni")] {
             let text = std::fs::read_to_string(self.0.state().join("log").join(log)).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().filter(|l| l.contains(filter)).collect();
-            eprintln!("--- {log} ends:\n{}", lines[lines.len().saturating_sub(25)..].join("\n"));
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains(filter))
+                .map(|l| &l[..l.char_indices().nth(600).map_or(l.len(), |(i, _)| i)])
+                .collect();
+            eprintln!("--- {log} ends:\n{}", lines[lines.len().saturating_sub(40)..].join("\n"));
         }
     }
 }
 
 #[test]
-fn a_node_switched_from_multus_to_plexus_keeps_multus_pods_and_plexus_deletes_them_leaving_nothing() {
+fn a_node_switched_from_multus_thin_to_plexus_keeps_multus_pods_and_plexus_deletes_them_leaving_nothing() {
+    multus_to_plexus(Multus::Thin);
+}
+
+#[test]
+fn a_node_switched_from_multus_thick_to_plexus_keeps_multus_pods_and_plexus_deletes_them_leaving_nothing() {
+    multus_to_plexus(Multus::Thick);
+}
+
+fn multus_to_plexus(kind: Multus) {
     let c = Cluster::bare(None);
     let logs = Logs(&c, Instant::now());
-    let multus_dir = install_multus_thin(&c);
     let before = c.node_state();
     let cluster_before = cluster_addresses(&c);
 
-    // Multus thin: a pod on a macvlan with whereabouts, one on a host device too.
-    use_stack(&c, "multus");
+    // Multus: a pod on a macvlan with whereabouts, one on a host device too.
+    let multus_dir = install_multus(&c, kind);
+    logs.phase(&format!("Multus {kind:?} installed"));
     c.apply(
         &(whereabouts_nad(
             &c,
@@ -145,11 +203,11 @@ fn a_node_switched_from_multus_to_plexus_keeps_multus_pods_and_plexus_deletes_th
     assert!(!c.node_state().0.contains("ens2f0np0"), "the host device is in m2");
     logs.phase("two pods on Multus");
     // The switch: plexus installed (its DaemonSet), told where Multus's cache is, plexus-ipam on
-    // whereabouts' objects; then Multus's config removed.
+    // whereabouts' objects; then Multus removed (thin: its config; thick: its DaemonSet).
     c.install(&format!(r#""multusCacheDir": "{}""#, multus_dir.display()), false, "manifests");
     c.use_kubernetes_ipam_store();
-    use_stack(&c, "plexus");
-    logs.phase("plexus installed, Multus's config removed");
+    remove_multus(&c, kind);
+    logs.phase("plexus installed, Multus removed");
 
     // The running pods keep their interfaces and addresses; new pods on the same pool get others.
     let store = r#""ipam": {"type": "plexus-ipam", "range": "198.18.178.0/24", "store": "kubernetes"}"#;
@@ -213,7 +271,16 @@ fn plexus_nad(c: &Cluster, name: &str, plugin: &str, range: &str) -> String {
 }
 
 #[test]
-fn a_node_switched_back_to_multus_deletes_plexus_pods_from_the_cache_plexus_wrote_for_it() {
+fn a_node_switched_back_to_multus_thin_deletes_plexus_pods_from_the_cache_plexus_wrote_for_it() {
+    plexus_to_multus(Multus::Thin);
+}
+
+#[test]
+fn a_node_switched_back_to_multus_thick_deletes_plexus_pods_from_the_cache_plexus_wrote_for_it() {
+    plexus_to_multus(Multus::Thick);
+}
+
+fn plexus_to_multus(kind: Multus) {
     let c = Cluster::bare(None);
     let logs = Logs(&c, Instant::now());
     let multus_dir = install_multus_thin(&c);
@@ -255,8 +322,8 @@ fn a_node_switched_back_to_multus_deletes_plexus_pods_from_the_cache_plexus_wrot
             "198.18.178.0/24",
         ) + &whereabouts_nad(&c, "dev", r#""type": "host-device", "device": "ens2f0np0""#, "198.18.179.0/24")),
     );
-    use_stack(&c, "multus");
-    logs.phase("Multus's config back, the NADs the reference plugins'");
+    start_multus(&c, kind);
+    logs.phase(&format!("Multus {kind:?} back, the NADs the reference plugins'"));
 
     // A new pod on Multus gets an address plexus's pods do not hold; theirs keep theirs.
     c.apply(&c.pod("default", "m1", "rail"));
