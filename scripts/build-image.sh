@@ -11,6 +11,8 @@
 #   podman manifest push --all registry.example/plexus:0.1.0 docker://registry.example/plexus:0.1.0
 #
 # PLEXUS_IMAGE_STORE=DIR keeps Podman's storage in DIR (vfs driver) instead of the machine's.
+# PLEXUS_BIN_DIR=DIR takes the binaries from DIR instead of building them (one architecture's:
+# ARCHES names it).
 # Prints the image name on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +40,7 @@ podman rmi -f "$IMAGE" > /dev/null 2>&1 || true
 podman manifest create "$IMAGE" > /dev/null
 for arch in $ARCHES; do
   # The same build the tests use (every binary of the workspace), so nothing is built twice.
-  bin=$(PLEXUS_ARCH=$arch bash scripts/build-release.sh)
+  bin=${PLEXUS_BIN_DIR:-$(PLEXUS_ARCH=$arch bash scripts/build-release.sh)}
   mkdir -p "$work/$arch/bin"
   for b in "${SHIPPED[@]}"; do cp "$bin/$b" "$work/$arch/bin/"; done
   echo "== image for linux/$arch" >&2

@@ -434,6 +434,79 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 impl Cluster {
+    /// The directory of the shipped build (`scripts/build-release.sh`), which the image
+    /// `cluster-install.sh` installs carries.
+    pub fn release_build(&self) -> PathBuf {
+        let built = self.script("build-release.sh").output().unwrap();
+        assert!(built.status.success(), "build-release.sh:\n{}", String::from_utf8_lossy(&built.stderr));
+        PathBuf::from(String::from_utf8_lossy(&built.stdout).trim())
+    }
+
+    /// A second image of plexus in the node's containerd, `localhost/plexus:TAG`: the shipped build
+    /// (`scripts/build-release.sh`) with `TAG` appended to every binary — the same code (the loader
+    /// ignores trailing bytes), other files, so a rollout to it replaces each binary on the node.
+    /// Returns the image's binaries.
+    pub fn import_marked_image(&self, tag: &str) -> tempfile::TempDir {
+        let built = self.release_build();
+        let shipped = Command::new("bash")
+            .args(["-c", "source scripts/lib/shipped.sh && echo \"${SHIPPED[@]}\""])
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        let bins = tempfile::tempdir().unwrap();
+        for name in String::from_utf8(shipped.stdout).unwrap().split_whitespace() {
+            let mut bytes = std::fs::read(built.join(name)).unwrap();
+            bytes.extend_from_slice(format!("\nplexus-image-{tag}\n").as_bytes());
+            let dest = bins.path().join(name);
+            std::fs::write(&dest, bytes).unwrap();
+            std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        assert!(std::fs::read_dir(bins.path()).unwrap().count() >= 6, "scripts/lib/shipped.sh's list");
+        let work = tempfile::tempdir().unwrap();
+        let archive = work.path().join("image.tar");
+        let arch =
+            String::from_utf8(Command::new("dpkg").arg("--print-architecture").output().unwrap().stdout).unwrap();
+        let out = self
+            .script("build-image.sh")
+            .env("ARCHES", arch.trim())
+            .env("IMAGE", format!("localhost/plexus:{tag}"))
+            .env("ARCHIVE", &archive)
+            .env("PLEXUS_BIN_DIR", bins.path())
+            .env("PLEXUS_IMAGE_STORE", work.path().join("podman"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "build-image.sh:\n{}", String::from_utf8_lossy(&out.stderr));
+        let endpoint = self.state().join("containerd.sock");
+        let (ok, out) = self.peer(
+            "ctr",
+            &["-a", endpoint.to_str().unwrap(), "-n", "k8s.io", "images", "import", archive.to_str().unwrap()],
+            None,
+        );
+        assert!(ok, "ctr images import: {out}");
+        // Podman's vfs store holds root-owned files it would not let tempfile remove.
+        let _ = Command::new("podman")
+            .args(["--root", &work.path().join("podman/root").display().to_string()])
+            .args(["--runroot", &work.path().join("podman/run").display().to_string()])
+            .args(["--storage-driver", "vfs", "rmi", "-a", "-f"])
+            .output();
+        bins
+    }
+
+    /// Lines of containerd's log where a CNI ADD or DEL failed.
+    pub fn cni_failures(&self) -> Vec<String> {
+        std::fs::read_to_string(self.state().join("log/containerd.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                let l = l.to_ascii_lowercase();
+                l.contains("failed to setup network for sandbox") || l.contains("failed to destroy network for sandbox")
+            })
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Cluster {
     /// What the admin does to turn plexus-ipam's `kubernetes` store on: its RBAC, and the policy
     /// naming the node's credentials (the DaemonSet's kubeconfig) and whereabouts' namespace.
     pub fn use_kubernetes_ipam_store(&self) {
