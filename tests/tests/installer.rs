@@ -81,14 +81,34 @@ impl Pod {
         c
     }
 
-    /// `plexusctl install run ... -- daemon...`, returning once the meta config is in place.
+    /// `plexusctl install run ... -- daemon...`, returning once its readiness probe (`installed`)
+    /// says it is ready, which it did not say before; the meta config is in place by then.
     fn run(&mut self, daemon: &[&str]) {
-        let mut c = self.command(&["run", "--refresh-seconds", "1", "--uninstall-when-removed", "plexus"]);
+        let ready = self.dir.path().join("ready").display().to_string();
+        let probe = || {
+            let out = Command::new(self.dir.path().join("image/plexusctl"))
+                .args(["install", "installed", "--ready-file", &ready])
+                .output()
+                .unwrap();
+            out.status.code()
+        };
+        assert_eq!(probe(), Some(1), "not ready before run has installed");
+        let mut c = self.command(&[
+            "run",
+            "--refresh-seconds",
+            "1",
+            "--uninstall-when-removed",
+            "plexus",
+            "--ready-file",
+            &ready,
+        ]);
         if !daemon.is_empty() {
             c.arg("--").args(daemon);
         }
         self.child = Some(c.stderr(Stdio::piped()).spawn().unwrap());
-        wait_for(|| self.host("etc/cni/net.d/00-plexus.conflist").exists(), "the meta config");
+        wait_for(|| probe() == Some(0), "the readiness probe");
+        assert!(self.host("etc/cni/net.d/00-plexus.conflist").exists(), "ready means installed");
+        assert!(self.host("opt/cni/bin/plexus-macvlan").exists(), "ready means installed");
     }
 
     /// SIGTERM, as the kubelet sends: the exit status and what it logged.

@@ -77,6 +77,14 @@ fn plexus_rolled_to_a_new_image_and_between_thin_and_daemon_mode_under_pod_churn
         ("mode=thin", "b", false),
     ];
     let results = std::thread::scope(|s| {
+        // The workers stop when this scope's body ends, a panic included (the scope waits for them).
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let stopping = StopOnDrop(&stop);
         let workers: Vec<_> = (0..2)
             .map(|w| {
                 let (c, stop) = (&c, &stop);
@@ -107,7 +115,7 @@ fn plexus_rolled_to_a_new_image_and_between_thin_and_daemon_mode_under_pod_churn
             }
             std::thread::sleep(Duration::from_secs(2));
         }
-        stop.store(true, Ordering::SeqCst);
+        drop(stopping);
         phase("churn stopping");
         workers.into_iter().map(|w| w.join().unwrap()).collect::<Vec<_>>()
     });

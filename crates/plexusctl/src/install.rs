@@ -7,13 +7,15 @@
 //!   once              install and exit (an init container, or by hand)
 //!   uninstall         remove every file an install put on the node
 //!   remove-daemonset  the chart's pre-delete hook
+//!   installed         the readiness probe of thin mode: `run` has installed (its ready file is
+//!                     there), so `kubectl rollout status` and `helm --wait` mean "on the node"
 //!
 //! A subcommand of plexusctl rather than a binary of its own: both link the same API client, and
 //! the image is one 8 MB binary smaller.
 
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
@@ -42,9 +44,19 @@ pub(crate) enum Cmd {
         /// at SIGTERM, when it is gone or being deleted, everything installed is removed.
         #[arg(long, env = "PLEXUS_DAEMONSET")]
         uninstall_when_removed: Option<String>,
+        /// Written (in the container) once everything is installed: what `installed` looks for.
+        #[arg(long, default_value = READY_FILE)]
+        ready_file: PathBuf,
         /// The daemon to run and supervise (daemon mode): `-- /plexus/bin/plexus-daemon ...`.
         #[arg(last = true)]
         daemon: Vec<String>,
+    },
+    /// Exit 0 when `run` has installed (its ready file is there), 1 before: the DaemonSet's
+    /// readiness probe in thin mode (daemon mode's is the daemon's /readyz, started after the
+    /// install).
+    Installed {
+        #[arg(long, default_value = READY_FILE)]
+        ready_file: PathBuf,
     },
     /// Install and exit.
     Once {
@@ -71,6 +83,9 @@ pub(crate) enum Cmd {
 }
 
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// `run`'s ready file: in the container's own file system, gone with the container.
+const READY_FILE: &str = "/plexus/installed";
 
 /// Where things come from and where they go. Set by the cluster admin (the DaemonSet's args).
 #[derive(Args)]
@@ -230,10 +245,12 @@ fn execute(cmd: Cmd) -> Result<u8> {
             remove_daemonset(&service_account, &name, Duration::from_secs(timeout_seconds))?;
             Ok(0)
         }
-        Cmd::Run { what, refresh_seconds, uninstall_when_removed, daemon } => {
+        Cmd::Run { what, refresh_seconds, uninstall_when_removed, ready_file, daemon } => {
             let plan = what.plan()?;
-            run(&plan, Duration::from_secs(refresh_seconds.max(1)), uninstall_when_removed.as_deref(), &daemon)
+            let period = Duration::from_secs(refresh_seconds.max(1));
+            run(&plan, period, uninstall_when_removed.as_deref(), &ready_file, &daemon)
         }
+        Cmd::Installed { ready_file } => Ok(if ready_file.exists() { 0 } else { 1 }),
     }
 }
 
@@ -246,7 +263,7 @@ impl What {
 }
 
 /// Install, then wait for signals, a change to look at, or the daemon's end.
-fn run(plan: &Plan, period: Duration, daemonset: Option<&str>, daemon: &[String]) -> Result<u8> {
+fn run(plan: &Plan, period: Duration, daemonset: Option<&str>, ready_file: &Path, daemon: &[String]) -> Result<u8> {
     let mut mask = SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGCHLD] {
         mask.add(s);
@@ -254,6 +271,7 @@ fn run(plan: &Plan, period: Duration, daemonset: Option<&str>, daemon: &[String]
     mask.thread_block()?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC)?;
     plan.install()?;
+    std::fs::write(ready_file, b"").with_context(|| format!("ready file {}", ready_file.display()))?;
     let mut child: Option<Child> = match daemon.split_first() {
         Some((program, args)) => {
             let mut command = Command::new(program);
