@@ -57,17 +57,13 @@ cache=$PLEXUS_DATA_DIR/multus socket_dir=$state/run/multus
 mkdir -p "$cache" "$socket_dir"
 # Each host directory the daemon names in its config is mounted at its own path, as Multus's
 # manifest mounts /opt/cni/bin and /var/lib/cni/multus ("identical between pod and host").
-mounts() {
-  local i=0
+# each_dir FORMAT DIR...: FORMAT (printf: the volume's index, then its path) for each directory.
+each_dir() {
+  local format=$1 i=0
+  shift
   for path in "$@"; do
-    echo "        - {name: v$i, mountPath: $path, mountPropagation: HostToContainer}"
-    i=$((i + 1))
-  done
-}
-volumes() {
-  local i=0
-  for path in "$@"; do
-    echo "      - {name: v$i, hostPath: {path: $path}}"
+    # shellcheck disable=SC2059
+    printf "$format\n" "$i" "$path"
     i=$((i + 1))
   done
 }
@@ -136,7 +132,7 @@ spec:
         command: [/bin/cp, /usr/src/multus-cni/bin/multus-shim, $CNI_BIN_DIR/multus-shim]
         securityContext: {privileged: true}
         volumeMounts:
-$(mounts "${dirs[@]}")
+$(each_dir "        - {name: v%s, mountPath: %s, mountPropagation: HostToContainer}" "${dirs[@]}")
       containers:
       - name: kube-multus
         image: $image
@@ -152,11 +148,11 @@ $(mounts "${dirs[@]}")
         volumeMounts:
         - {name: config, mountPath: /etc/cni/net.d/multus.d, readOnly: true}
         - {name: hostroot, mountPath: /hostroot, mountPropagation: HostToContainer}
-$(mounts "${dirs[@]}")
+$(each_dir "        - {name: v%s, mountPath: %s, mountPropagation: HostToContainer}" "${dirs[@]}")
       volumes:
       - {name: config, configMap: {name: multus-daemon-config}}
       - {name: hostroot, hostPath: {path: /}}
-$(volumes "${dirs[@]}")
+$(each_dir "      - {name: v%s, hostPath: {path: %s}}" "${dirs[@]}")
 EOF
 kubectl -n kube-system rollout status daemonset/kube-multus-ds --timeout=120s > /dev/null
 for _ in $(seq 150); do

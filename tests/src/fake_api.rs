@@ -100,15 +100,7 @@ impl FakeApi {
         let srv_cert = srv_params.signed_by(&srv_key, &ca).unwrap();
         std::fs::write(dir.path().join("ca.crt"), ca.pem()).unwrap();
 
-        // Bind inside the namespace; the socket stays there whichever thread serves it.
-        let ns = std::fs::File::open(netns_path).unwrap();
-        let listener = std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).unwrap();
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            std::net::TcpListener::bind("127.0.0.1:0").unwrap()
-        })
-        .join()
-        .unwrap();
+        let listener = crate::netns::loopback_listener(netns_path);
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let token = format!("plexus-test-token-{}", std::process::id());

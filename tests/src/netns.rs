@@ -130,3 +130,16 @@ impl Default for Lab {
         Lab::new()
     }
 }
+
+/// A TCP listener on the loopback of the namespace at `netns_path`, any free port: bound inside
+/// the namespace on a thread of its own; the socket stays there whichever thread serves it.
+pub fn loopback_listener(netns_path: &std::path::Path) -> std::net::TcpListener {
+    let ns = std::fs::File::open(netns_path).unwrap();
+    std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).unwrap();
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap()
+    })
+    .join()
+    .unwrap()
+}

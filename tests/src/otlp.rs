@@ -36,15 +36,7 @@ impl TraceService for Receiver {
 impl Collector {
     /// Listen on the loopback of `netns`.
     pub fn start_in(netns: &Netns) -> Collector {
-        let ns = std::fs::File::open(netns.path()).unwrap();
-        // Bound inside the namespace; the socket stays there whichever thread serves it.
-        let listener = std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).unwrap();
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            std::net::TcpListener::bind("127.0.0.1:0").unwrap()
-        })
-        .join()
-        .unwrap();
+        let listener = crate::netns::loopback_listener(&netns.path());
         listener.set_nonblocking(true).unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let spans = Arc::new(Mutex::new(Vec::new()));

@@ -74,6 +74,24 @@ impl Node {
                "daemonSocket": self.socket(), "logFile": self.dir.path().join("shim.log"), "logLevel": "debug"})
     }
 
+    /// A wrapper over `plugin` first in binDir: it appends `says` (shell words, e.g.
+    /// `"$CNI_COMMAND $CNI_CONTAINERID"`) to the returned file, then execs the real plugin.
+    fn wrap(&self, plugin: &str, says: &str) -> PathBuf {
+        let (wrapper, said) =
+            (self.dir.path().join("gate").join(plugin), self.dir.path().join(format!("{plugin}.said")));
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\n[ -n \"$CNI_COMMAND\" ] && echo {says} >> {}\nexec {}\n",
+                said.display(),
+                bin_dir().join(plugin).display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        said
+    }
+
     fn daemon(&self, args: &[&str]) -> DaemonProcess {
         DaemonProcess::start(&self.lab.node.path(), &self.socket(), &self.dir.path().join("daemon.log"), args)
     }
@@ -280,18 +298,7 @@ fn the_daemon_runs_its_own_build_of_a_delegate_in_process_and_execs_any_other() 
         }
         // A wrapper installed in binDir over it (it logs, then execs the real plugin): what the
         // runtime would exec is no longer the daemon's plugin, so the wrapper runs.
-        let wrapper = n.dir.path().join("gate/plexus-macvlan");
-        let wrapped = n.dir.path().join("wrapped");
-        std::fs::write(
-            &wrapper,
-            format!(
-                "#!/bin/sh\n[ -n \"$CNI_COMMAND\" ] && echo \"$CNI_COMMAND $CNI_CONTAINERID\" >> {}\nexec {}\n",
-                wrapped.display(),
-                bin_dir().join("plexus-macvlan").display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let wrapped = n.wrap("plexus-macvlan", r#""$CNI_COMMAND $CNI_CONTAINERID""#);
         let r = n.run("ADD", "pod2", &c).result();
         assert_eq!(r["ips"][0]["address"], "198.18.30.2/24");
         assert_eq!(std::fs::read_to_string(&wrapped).unwrap(), "ADD pod2\n");
@@ -299,7 +306,7 @@ fn the_daemon_runs_its_own_build_of_a_delegate_in_process_and_execs_any_other() 
         assert_eq!(n.points_passed_by(), names(&["plexus-daemon", "plexus-macvlan", "plexus-ipam"]));
         assert!(n.run("DEL", "pod2", &c).success());
         assert_eq!(std::fs::read_to_string(&wrapped).unwrap(), "ADD pod2\nDEL pod2\n");
-        std::fs::remove_file(&wrapper).unwrap();
+        std::fs::remove_file(n.dir.path().join("gate/plexus-macvlan")).unwrap();
         assert!(n.run("DEL", "pod1", &c).success());
         assert_eq!(n.points_passed_by(), names(&["plexus-daemon", "plexus-macvlan", "plexus-ipam"]));
     }
@@ -321,18 +328,7 @@ fn the_runtimes_trace_context_reaches_the_delegates_of_a_delegate_run_in_process
     let c = n.conf("rail0");
     // plexus-macvlan of this build runs in the daemon; its IPAM delegate, found first in binDir,
     // is a wrapper that says what trace context it got, then execs plexus-ipam.
-    let seen = n.dir.path().join("traced");
-    let wrapper = n.dir.path().join("gate/plexus-ipam");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\n[ -n \"$CNI_COMMAND\" ] && echo \"$CNI_COMMAND|$TRACEPARENT|$TRACESTATE|$BAGGAGE\" >> {}\nexec {}\n",
-            seen.display(),
-            bin_dir().join("plexus-ipam").display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let seen = n.wrap("plexus-ipam", r#""$CNI_COMMAND|$TRACEPARENT|$TRACESTATE|$BAGGAGE""#);
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let traced = |verb: &str, parent: &str| {
         PluginRun::new(plugin_bin("plexus"), verb)
@@ -365,18 +361,7 @@ fn with_a_collector_the_daemon_sends_a_span_for_each_request_and_each_delegate_u
     let _d = n.daemon(&["--otlp-endpoint", &collector.endpoint]);
     n.nad("broken", json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic9"}));
     // plexus-ipam, exec'd by the in-process plexus-macvlan, says what trace context it got.
-    let seen = n.dir.path().join("traced");
-    let wrapper = n.dir.path().join("gate/plexus-ipam");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\n[ -n \"$CNI_COMMAND\" ] && echo \"$CNI_COMMAND|$TRACEPARENT|$TRACESTATE\" >> {}\nexec {}\n",
-            seen.display(),
-            bin_dir().join("plexus-ipam").display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let seen = n.wrap("plexus-ipam", r#""$CNI_COMMAND|$TRACEPARENT|$TRACESTATE""#);
     let (trace, runtime_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
     let run = |verb: &str, networks: &str, parent: Option<&str>| {
