@@ -67,8 +67,10 @@ impl Spans {
             KeyValue::new("cni.container_id", var("CNI_CONTAINERID")),
             KeyValue::new("cni.ifname", var("CNI_IFNAME")),
         ];
+        // CNI_ARGS as the entry point reads it (one that does not parse names no pod).
+        let args = plexus_cni::CniArgs::parse(env.get("CNI_ARGS").map(String::as_str).unwrap_or(""));
         for (key, attribute) in [("K8S_POD_NAMESPACE", "k8s.namespace.name"), ("K8S_POD_NAME", "k8s.pod.name")] {
-            if let Some(value) = cni_arg(env.get("CNI_ARGS").map(String::as_str).unwrap_or(""), key) {
+            if let Some(value) = args.as_ref().ok().and_then(|a| a.get(key)) {
                 attributes.push(KeyValue::new(attribute, bounded(value)));
             }
         }
@@ -163,11 +165,6 @@ impl Injector for EnvMut<'_> {
     }
 }
 
-/// `key`'s value in `CNI_ARGS` (`K=V;K=V`).
-fn cni_arg<'a>(args: &'a str, key: &str) -> Option<&'a str> {
-    args.split(';').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == key).map(|(_, v)| v)
-}
-
 /// At most [`VALUE_MAX`] bytes of `v`, cut at a character's boundary.
 fn bounded(v: &str) -> String {
     let mut end = v.len().min(VALUE_MAX);
@@ -182,11 +179,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pods_name_is_read_from_cni_args_and_values_are_bounded() {
-        let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ml;K8S_POD_NAME=trainer-0";
-        assert_eq!(cni_arg(args, "K8S_POD_NAME"), Some("trainer-0"));
-        assert_eq!(cni_arg(args, "K8S_POD_NAMESPACE"), Some("ml"));
-        assert_eq!(cni_arg(args, "K8S_POD_UID"), None);
+    fn values_are_cut_at_a_character_boundary() {
         assert_eq!(bounded(&"é".repeat(200)).len(), 256);
         assert_eq!(bounded("short"), "short");
     }
