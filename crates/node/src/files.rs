@@ -266,10 +266,67 @@ pub fn remove_if_present(path: &Path) -> Result<(), Error> {
     }
 }
 
+/// Everything `r` holds when that is at most `cap` bytes, `None` when it holds more: reads no
+/// further than one byte past `cap`, so a larger input is never held (stdin, a file).
+pub fn read_capped(r: impl std::io::Read, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    r.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= cap).then_some(bytes))
+}
+
+/// The bytes of the regular file at `path`, at most `cap` of them; `Ok(None)` when there is no
+/// such file. Not through a symlink at its last component (`O_NOFOLLOW`), and opened
+/// `O_NONBLOCK` so that a FIFO planted there cannot hold the open: anything but a regular file, or
+/// a larger one, is an error naming the path.
+pub fn read_regular(path: &Path, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    let file = match OpenOptions::new().read(true).custom_flags(flags.bits()).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    };
+    let invalid = |why: String| std::io::Error::new(ErrorKind::InvalidData, format!("{}: {why}", path.display()));
+    if !file.metadata()?.is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    match read_capped(file, cap) {
+        Ok(Some(bytes)) => Ok(Some(bytes)),
+        Ok(None) => Err(invalid(format!("larger than {cap} bytes"))),
+        Err(e) => Err(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn read_capped_holds_input_up_to_its_cap_and_refuses_one_byte_more() {
+        assert_eq!(read_capped(&b"four"[..], 4).unwrap(), Some(b"four".to_vec()));
+        assert_eq!(read_capped(&b"five!"[..], 4).unwrap(), None);
+        assert_eq!(read_capped(&b""[..], 0).unwrap(), Some(Vec::new()));
+    }
+
+    #[test]
+    fn read_regular_reads_a_file_and_refuses_symlinks_fifos_and_large_files() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("file");
+        fs::write(&file, b"data").unwrap();
+        assert_eq!(read_regular(&file, 4).unwrap(), Some(b"data".to_vec()));
+        assert_eq!(read_regular(&t.path().join("missing"), 4).unwrap(), None);
+        let big = read_regular(&file, 3).unwrap_err().to_string();
+        assert!(big.contains("larger than 3 bytes") && big.contains("file"), "{big}");
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(read_regular(&link, 4).is_err(), "a symlink was followed");
+        let fifo = t.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
+        let e = read_regular(&fifo, 4).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(read_regular(t.path(), 4).is_err(), "a directory was read");
+    }
 
     #[test]
     fn a_path_through_a_safe_dir_is_shown_as_the_directory_it_opened() {

@@ -332,7 +332,6 @@ impl Policy {
     }
 
     fn read_file(path: &Path) -> Result<(std::fs::Metadata, Policy), Error> {
-        use std::io::Read;
         use std::os::unix::fs::MetadataExt;
         let file = std::fs::File::open(path).map_err(|e| policy_error(path, e))?;
         let meta = file.metadata().map_err(|e| policy_error(path, e))?;
@@ -349,11 +348,9 @@ impl Policy {
                 format!("mode {:o} lets others write it: only root may (chmod go-w)", meta.mode() & 0o777),
             ));
         }
-        let mut text = Vec::new();
-        file.take(POLICY_MAX_BYTES + 1).read_to_end(&mut text).map_err(|e| policy_error(path, e))?;
-        if text.len() as u64 > POLICY_MAX_BYTES {
-            return Err(policy_error(path, format!("larger than {POLICY_MAX_BYTES} bytes")));
-        }
+        let text = crate::files::read_capped(file, POLICY_MAX_BYTES)
+            .map_err(|e| policy_error(path, e))?
+            .ok_or_else(|| policy_error(path, format!("larger than {POLICY_MAX_BYTES} bytes")))?;
         let mut policy = Policy::parse(&text).map_err(|e| policy_error(path, e.msg))?;
         policy.source = path.display().to_string();
         Ok((meta, policy))

@@ -244,16 +244,11 @@ fn prepare(
     if env.command == Command::Version {
         return Ok(None);
     }
-    let mut raw = Vec::new();
-    stdin
-        .take(STDIN_MAX_BYTES as u64 + 1)
-        .read_to_end(&mut raw)
-        .map_err(|e| Error::io(format!("error reading from stdin: {e}")))?;
-    if raw.len() > STDIN_MAX_BYTES {
-        return Err(Error::decoding(format!(
-            "network config on stdin is larger than {STDIN_MAX_BYTES} bytes: refused unread"
-        )));
-    }
+    let raw = plexus_node::files::read_capped(stdin, STDIN_MAX_BYTES as u64)
+        .map_err(|e| Error::io(format!("error reading from stdin: {e}")))?
+        .ok_or_else(|| {
+            Error::decoding(format!("network config on stdin is larger than {STDIN_MAX_BYTES} bytes: refused unread"))
+        })?;
     let config = NetConf::parse(&raw)?;
     let version = config.version()?;
     *print_version = version;

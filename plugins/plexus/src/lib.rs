@@ -15,8 +15,10 @@
 //! The same code runs in `plexus-daemon` (issue: the node daemon), where the cluster is read from
 //! the daemon's watch caches ([`ClusterView`]) and the shim forwards its request ([`shim`]).
 
+mod attach;
 mod attachment;
 mod cache;
+mod cluster;
 mod conf;
 mod delegates;
 mod events;
@@ -26,26 +28,24 @@ mod pod;
 pub mod shim;
 pub mod wire;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
+use attach::{Step, attach_all, delete_all, roll_back};
 use attachment::{Attachment, DelegateEnv};
+use cluster::{Cluster, cluster, write_status};
 use conf::MetaConf;
 use delegates::{Chains, Delegates};
-use plan::{Pod, SelectionSource};
+use plan::Pod;
 use plexus_cni::{CniResult, Command, Error, ErrorList, code};
-use plexus_k8s::api::{ApiClient, PodInfo};
 use plexus_k8s::events::PodEvent;
-use plexus_k8s::nad::{DirSource, NadSource};
-use plexus_k8s::status::{NetworkStatus, PodRef};
-use plexus_k8s::{K8sError, Nad, status};
-use plexus_node::{Policy, files};
+use plexus_node::files;
 use plexus_plugin::logging;
 use plexus_plugin::undo::Undo;
 use plexus_plugin::{About, Plugin, Request};
 use pod::PodNetns;
 use serde_json::Value;
 
+pub use cluster::ClusterView;
 pub use conf::MetaConf as Config;
 pub use delegates::{DelegateCall, Observer, UNKNOWN_TYPE};
 
@@ -79,105 +79,6 @@ impl Meta {
     /// `observers` are told of every delegate call (the daemon's metrics and spans).
     pub fn observed_by(self, observers: Vec<Arc<dyn Observer>>) -> Meta {
         Meta { delegates: Arc::new(Chains { observers }), ..self }
-    }
-}
-
-/// The cluster as the meta-plugin reads and writes it: the pod (selection and UID), NADs, and
-/// network-status. Thin mode asks the API on every call; the daemon answers from its watch
-/// caches.
-pub trait ClusterView: NadSource + Send + Sync {
-    /// The pod's UID and annotations; `None` when the pod is gone. `uid` is the one the runtime
-    /// named (may be empty): a cached pod of another UID is an earlier pod of that name.
-    fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Option<PodInfo>, K8sError>;
-    /// Write `k8s.v1.cni.cncf.io/network-status` on `pod` (of its UID; none: whichever pod has
-    /// the name).
-    fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError>;
-    /// Record events about pods, best effort: what the API does not take is logged, never an
-    /// error of the request, and nothing holds the request past `deadline`.
-    fn record_events(&self, events: &[PodEvent], deadline: plexus_cni::Deadline);
-}
-
-impl ClusterView for ApiClient {
-    fn pod(&self, namespace: &str, name: &str, _uid: &str) -> Result<Option<PodInfo>, K8sError> {
-        ApiClient::pod(self, namespace, name)
-    }
-    fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
-        ApiClient::set_network_status(self, pod, statuses)
-    }
-    /// At once, each on a thread of its own (a pod of eight networks waits for one round trip),
-    /// one try each within what is left of the request.
-    fn record_events(&self, events: &[PodEvent], deadline: plexus_cni::Deadline) {
-        let instance = plexus_k8s::events::reporting_instance();
-        let within = deadline.remaining();
-        let answers: Vec<_> = std::thread::scope(|s| {
-            let sent: Vec<_> = events.iter().map(|e| s.spawn(|| self.record_event(e, &instance, within))).collect();
-            sent.into_iter().map(|h| h.join()).collect()
-        });
-        for (e, answer) in events.iter().zip(answers) {
-            if let Ok(Err(why)) = answer {
-                tracing::warn!("event {} on pod {}/{} not recorded: {why}", e.reason, e.pod.namespace, e.pod.name);
-            }
-        }
-    }
-}
-
-/// Where NADs (and the pod's selection) come from: the Kubernetes API (the daemon's caches, or
-/// a client of this invocation's when a kubeconfig or the in-cluster service account is there),
-/// else `nadDir` (with the config's `networks`), else nowhere.
-enum Cluster {
-    Api(Arc<dyn ClusterView>),
-    Dir(DirSource),
-    None,
-}
-
-impl NadSource for Cluster {
-    fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
-        match self {
-            Cluster::Api(api) => api.nad(namespace, name),
-            Cluster::Dir(d) => d.nad(namespace, name),
-            Cluster::None => Err(K8sError::NadNotFound { namespace: namespace.into(), name: name.into() }),
-        }
-    }
-}
-
-fn cluster(conf: &MetaConf, view: Option<&Arc<dyn ClusterView>>) -> Result<Cluster, Error> {
-    if let Some(view) = view {
-        return Ok(Cluster::Api(view.clone()));
-    }
-    if let Some(api) = ApiClient::connect(conf.kubeconfig.as_deref(), conf.api_timeout())? {
-        return Ok(Cluster::Api(Arc::new(api)));
-    }
-    match &conf.nad_dir {
-        Some(dir) => Ok(Cluster::Dir(DirSource::load(dir)?)),
-        None => Ok(Cluster::None),
-    }
-}
-
-impl Cluster {
-    /// The selection: the pod annotation (API; a pod that is gone selects nothing), else the
-    /// config's `networks`. Checks the pod UID the runtime named, when it named one.
-    fn selection<'a>(&self, conf: &'a MetaConf, pod: &Pod) -> Result<SelectionSource<'a>, Error> {
-        match self {
-            Cluster::Api(api) if !pod.name.is_empty() => match api.pod(&pod.namespace, &pod.name, &pod.uid)? {
-                Some(p) => {
-                    if !pod.uid.is_empty() && !p.uid.is_empty() && p.uid != pod.uid {
-                        return Err(Error::try_again_later(format!(
-                            "pod {}/{}: the API has UID {}, the runtime said {}",
-                            pod.namespace, pod.name, p.uid, pod.uid
-                        )));
-                    }
-                    Ok(SelectionSource::Annotation {
-                        networks: plexus_k8s::api::selection_annotation(&p),
-                        default_network: plexus_k8s::api::default_network_annotation(&p),
-                    })
-                }
-                // Unlike Multus (a fake result, nothing attached): a pod the API does not know
-                // (a static pod before its mirror pod exists, or one already deleted) still gets
-                // the cluster and default networks, only no annotation-selected ones.
-                None => Ok(SelectionSource::Annotation { networks: None, default_network: None }),
-            },
-            _ => Ok(SelectionSource::Config(conf.networks.as_deref())),
-        }
     }
 }
 
@@ -246,24 +147,6 @@ fn multus_sandbox(conf: &MetaConf, req: &Request) -> Option<multus::Sandbox> {
     })
 }
 
-/// network-status for the pod (API only): one element per attachment, device-info included.
-fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], results: &[CniResult]) -> Result<(), Error> {
-    let Cluster::Api(api) = cluster else { return Ok(()) };
-    if pod.name.is_empty() {
-        return Ok(());
-    }
-    let mut all = Vec::new();
-    for (a, r) in attachments.iter().zip(results) {
-        let info = a
-            .device_info_file
-            .as_ref()
-            .and_then(|f| std::fs::read(f).ok())
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref()));
-    }
-    Ok(api.set_network_status(&pod.status_ref(), &all)?)
-}
-
 /// The selection's `default-route`s applied in the pod; the results that changed are recorded
 /// again in the cache (a later record replaces an earlier one), so CHECK and DEL see them.
 fn apply_default_routes(
@@ -278,205 +161,6 @@ fn apply_default_routes(
         attachments[i].result = Some(raw);
     }
     Ok(())
-}
-
-/// The device plugin's device-info, copied where the delegate will look (spec §5); a delegate
-/// that finds none may write its own.
-fn copy_device_info(a: &Attachment) -> Result<(), Error> {
-    if let (Some(r), Some(d), Some(f)) = (&a.resource_name, &a.device_id, &a.device_info_file)
-        && let Ok(doc) = std::fs::read(plan::device_plugin_info(r, d))
-    {
-        files::write_private_atomic(f, &doc)?;
-    }
-    Ok(())
-}
-
-/// The order a pod's attachments run in: groups one after another, the attachments of a group
-/// concurrently. With `parallel`, the cluster network is a group of its own ahead of the others
-/// (the pod's primary interface exists before any secondary one, as with Multus), then every
-/// other attachment at once; without, one group per attachment in annotation order. DEL walks
-/// the groups in reverse.
-fn groups(attachments: &[Attachment], parallel: bool) -> Vec<Vec<usize>> {
-    if !parallel {
-        return (0..attachments.len()).map(|i| vec![i]).collect();
-    }
-    let (cluster, rest): (Vec<usize>, Vec<usize>) =
-        (0..attachments.len()).partition(|&i| attachments[i].cluster_network);
-    [cluster, rest].into_iter().filter(|g| !g.is_empty()).collect()
-}
-
-/// `f` for every index of `group`, concurrently (each on its own thread, in this invocation's log
-/// span; one runs on the calling thread); the answers in the group's order.
-fn run_group<T: Send>(group: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    if let [i] = group {
-        return vec![f(*i)];
-    }
-    // The request's log (its subscriber is this thread's, not the process's) and its span go
-    // with each thread: what a delegation logs there lands in the request's logFile too.
-    let span = tracing::Span::current();
-    let log = tracing::dispatcher::get_default(|d| d.clone());
-    std::thread::scope(|s| {
-        let threads: Vec<_> = group
-            .iter()
-            .map(|&i| {
-                let (f, span, log) = (&f, span.clone(), log.clone());
-                s.spawn(move || tracing::dispatcher::with_default(&log, || span.in_scope(|| f(i))))
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
-    })
-}
-
-/// ADD every attachment, a group after another (concurrently within one), each group pushed on
-/// `undo` before it runs and each result recorded in the cache as it comes; the results in
-/// annotation order. The first failure in annotation order is the ADD's error (the others are
-/// logged), and the attachments that succeeded keep their results, so the rollback DELs them
-/// with their results, as a DEL from the cache would.
-fn attach_all(
-    state: &mut cache::Cache,
-    parallel: bool,
-    pod: &Pod,
-    env: &DelegateEnv,
-    cache_path: &std::path::Path,
-    undo: &mut Undo<Step>,
-    delegates: &dyn Delegates,
-) -> Result<Vec<CniResult>, Error> {
-    // One result record at a time in the cache file.
-    let recording = std::sync::Mutex::new(());
-    let mut added = Vec::new();
-    for group in groups(&state.attachments, parallel) {
-        let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
-        undo.push(Step::Attachments { group: group.clone(), names });
-        let attachments = &state.attachments;
-        let answers = run_group(&group, |i| attach(&attachments[i], i, env, cache_path, &recording, pod, delegates));
-        let mut failed = None;
-        for (i, answer) in group.into_iter().zip(answers) {
-            match answer {
-                Ok(done) => added.push((i, done)),
-                Err(e) if failed.is_none() => failed = Some(e),
-                Err(e) => tracing::error!("{e}"),
-            }
-        }
-        if let Some(e) = failed {
-            for (i, (_, raw)) in added {
-                state.attachments[i].result = Some(raw);
-            }
-            return Err(e);
-        }
-    }
-    added.sort_by_key(|(i, _)| *i);
-    Ok(added
-        .into_iter()
-        .map(|(i, (result, raw))| {
-            state.attachments[i].result = Some(raw);
-            result
-        })
-        .collect())
-}
-
-/// ADD attachment `i`: its device-info file placed, its delegate run, its result recorded in the
-/// cache. A device-info file that cannot be placed or a result the cache cannot record is a
-/// failed ADD too.
-fn attach(
-    a: &Attachment,
-    i: usize,
-    env: &DelegateEnv,
-    cache_path: &std::path::Path,
-    recording: &std::sync::Mutex<()>,
-    pod: &Pod,
-    delegates: &dyn Delegates,
-) -> Result<(CniResult, Value), Error> {
-    tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
-    copy_device_info(a)
-        .and_then(|()| delegates.add(a, env))
-        .and_then(|(result, raw)| {
-            let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            cache::record_result(cache_path, i, &raw).map(|()| (result, raw))
-        })
-        .map_err(|e| e.context(format!("[{}] adding {}", pod.reference().unwrap_or_default(), a.describe())))
-}
-
-/// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
-/// failures; the failures in reverse annotation order.
-fn delete_all(
-    attachments: &[Attachment],
-    base: &DelegateEnv,
-    policy: &Policy,
-    parallel: bool,
-    delegates: &dyn Delegates,
-) -> ErrorList {
-    groups(attachments, parallel)
-        .iter()
-        .rev()
-        .flat_map(|g| teardown_group(attachments, g, base, policy, delegates))
-        .collect()
-}
-
-/// DEL one group's attachments at once; the failures, each with its attachment, in reverse
-/// annotation order.
-fn teardown_group(
-    attachments: &[Attachment],
-    group: &[usize],
-    base: &DelegateEnv,
-    policy: &Policy,
-    delegates: &dyn Delegates,
-) -> ErrorList {
-    let answers = run_group(group, |i| teardown(&attachments[i], base, policy, delegates));
-    group
-        .iter()
-        .zip(answers)
-        .rev()
-        .filter_map(|(&i, answer)| answer.err().map(|e| (attachments[i].describe(), e)))
-        .collect()
-}
-
-/// DEL one attachment; its device-info file goes too (only in the policy's device-info
-/// directory), whatever the delegate answered.
-fn teardown(a: &Attachment, base: &DelegateEnv, policy: &Policy, delegates: &dyn Delegates) -> Result<(), Error> {
-    let deleted = delegates.del(a, base);
-    if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
-        let _ = files::remove_if_present(f);
-    }
-    deleted
-}
-
-/// A failed ADD undone: every step `undo` holds, the last first (the attachments' groups DEL'd,
-/// failed ones too, then the cache file); `e`, with what could not be undone.
-fn roll_back(
-    undo: Undo<Step>,
-    e: Error,
-    attachments: &[Attachment],
-    base: &DelegateEnv,
-    policy: &Policy,
-    delegates: &dyn Delegates,
-) -> Error {
-    undo.unwind(e, |step| match step {
-        Step::Cache(path) => files::remove_if_present(&path),
-        Step::Attachments { group, .. } => {
-            let failed = teardown_group(attachments, &group, base, policy, delegates);
-            let n = failed.len();
-            failed.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
-        }
-    })
-}
-
-/// A completed step of the meta-plugin's ADD, and what undoing it takes.
-#[derive(Debug)]
-enum Step {
-    /// The cache file was written: remove it.
-    Cache(PathBuf),
-    /// A group of attachments was sent their ADDs (failed ones too, as the spec wants): DEL them,
-    /// concurrently as they were added. `names` says which, for the report.
-    Attachments { group: Vec<usize>, names: Vec<String> },
-}
-
-impl std::fmt::Display for Step {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Step::Cache(p) => write!(f, "remove cache file {}", p.display()),
-            Step::Attachments { names, .. } => write!(f, "DEL {}", names.join(", ")),
-        }
-    }
 }
 
 impl Meta {

@@ -23,9 +23,7 @@
 //! The directory is the admin's (`multusCacheDir`, Multus's default `/var/lib/cni/multus`); the
 //! container ID, validated by the entry point, is the only name taken from a request.
 
-use std::io::Read;
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -251,24 +249,7 @@ pub fn write(dir: &Path, container_id: &str, attachments: &[Attachment]) -> Resu
 
 /// The file's bytes, `None` when there is none: not through a symlink, at most [`MAX_BYTES`].
 fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
-        .open(path);
-    let file = match file {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return Err(format!("{}: not a regular file", path.display()));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_BYTES {
-        return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
-    }
-    Ok(Some(bytes))
+    plexus_node::files::read_regular(path, MAX_BYTES).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use plexus_node::Policy;
 use plexus_plugin::undo::Undo;
 use serde_json::{Value, json};
 
-use super::{Step, attach_all, delete_all, roll_back};
+use crate::attach::{Step, attach_all, delete_all, roll_back};
 use crate::attachment::{Attachment, DelegateEnv};
 use crate::cache::{self, Cache};
 use crate::delegates::Delegates;
@@ -219,7 +219,7 @@ fn what_a_groups_threads_log_reaches_the_requests_log_in_its_span() {
     let _request = tracing::subscriber::set_default(subscriber);
     let span = tracing::info_span!("cni", container = "c1");
     let _in = span.enter();
-    let answers = super::run_group(&[0, 1, 2, 3], |i| {
+    let answers = crate::attach::run_group(&[0, 1, 2, 3], |i| {
         tracing::info!("attaching rail {i}");
         i * 10
     });

@@ -1,0 +1,216 @@
+//! Running a pod's delegates: the attachments' ADDs in groups (the cluster network first, then
+//! the others at once, or one after another), each result recorded in the cache; a failed ADD
+//! rolled back, the last group first; DEL of every attachment past failures, the groups in
+//! reverse. The delegates themselves are behind the [`Delegates`] seam, so all of this is
+//! tested without root (`tests.rs`).
+
+use std::path::{Path, PathBuf};
+
+use plexus_cni::{CniResult, Error, ErrorList, code};
+use plexus_node::{Policy, files};
+use plexus_plugin::undo::Undo;
+use serde_json::Value;
+
+use crate::attachment::{Attachment, DelegateEnv};
+use crate::cache;
+use crate::delegates::Delegates;
+use crate::plan::{self, Pod};
+
+/// The device plugin's device-info, copied where the delegate will look (spec §5); a delegate
+/// that finds none may write its own.
+fn copy_device_info(a: &Attachment) -> Result<(), Error> {
+    if let (Some(r), Some(d), Some(f)) = (&a.resource_name, &a.device_id, &a.device_info_file)
+        && let Ok(doc) = std::fs::read(plan::device_plugin_info(r, d))
+    {
+        files::write_private_atomic(f, &doc)?;
+    }
+    Ok(())
+}
+
+/// The order a pod's attachments run in: groups one after another, the attachments of a group
+/// concurrently. With `parallel`, the cluster network is a group of its own ahead of the others
+/// (the pod's primary interface exists before any secondary one, as with Multus), then every
+/// other attachment at once; without, one group per attachment in annotation order. DEL walks
+/// the groups in reverse.
+fn groups(attachments: &[Attachment], parallel: bool) -> Vec<Vec<usize>> {
+    if !parallel {
+        return (0..attachments.len()).map(|i| vec![i]).collect();
+    }
+    let (cluster, rest): (Vec<usize>, Vec<usize>) =
+        (0..attachments.len()).partition(|&i| attachments[i].cluster_network);
+    [cluster, rest].into_iter().filter(|g| !g.is_empty()).collect()
+}
+
+/// `f` for every index of `group`, concurrently (each on its own thread, in this invocation's log
+/// span; one runs on the calling thread); the answers in the group's order.
+pub(crate) fn run_group<T: Send>(group: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    if let [i] = group {
+        return vec![f(*i)];
+    }
+    // The request's log (its subscriber is this thread's, not the process's) and its span go
+    // with each thread: what a delegation logs there lands in the request's logFile too.
+    let span = tracing::Span::current();
+    let log = tracing::dispatcher::get_default(|d| d.clone());
+    std::thread::scope(|s| {
+        let threads: Vec<_> = group
+            .iter()
+            .map(|&i| {
+                let (f, span, log) = (&f, span.clone(), log.clone());
+                s.spawn(move || tracing::dispatcher::with_default(&log, || span.in_scope(|| f(i))))
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
+/// ADD every attachment, a group after another (concurrently within one), each group pushed on
+/// `undo` before it runs and each result recorded in the cache as it comes; the results in
+/// annotation order. The first failure in annotation order is the ADD's error (the others are
+/// logged), and the attachments that succeeded keep their results, so the rollback DELs them
+/// with their results, as a DEL from the cache would.
+pub(crate) fn attach_all(
+    state: &mut cache::Cache,
+    parallel: bool,
+    pod: &Pod,
+    env: &DelegateEnv,
+    cache_path: &Path,
+    undo: &mut Undo<Step>,
+    delegates: &dyn Delegates,
+) -> Result<Vec<CniResult>, Error> {
+    // One result record at a time in the cache file.
+    let recording = std::sync::Mutex::new(());
+    let mut added = Vec::new();
+    for group in groups(&state.attachments, parallel) {
+        let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
+        undo.push(Step::Attachments { group: group.clone(), names });
+        let attachments = &state.attachments;
+        let answers = run_group(&group, |i| attach(&attachments[i], i, env, cache_path, &recording, pod, delegates));
+        let mut failed = None;
+        for (i, answer) in group.into_iter().zip(answers) {
+            match answer {
+                Ok(done) => added.push((i, done)),
+                Err(e) if failed.is_none() => failed = Some(e),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+        if let Some(e) = failed {
+            for (i, (_, raw)) in added {
+                state.attachments[i].result = Some(raw);
+            }
+            return Err(e);
+        }
+    }
+    added.sort_by_key(|(i, _)| *i);
+    Ok(added
+        .into_iter()
+        .map(|(i, (result, raw))| {
+            state.attachments[i].result = Some(raw);
+            result
+        })
+        .collect())
+}
+
+/// ADD attachment `i`: its device-info file placed, its delegate run, its result recorded in the
+/// cache. A device-info file that cannot be placed or a result the cache cannot record is a
+/// failed ADD too.
+fn attach(
+    a: &Attachment,
+    i: usize,
+    env: &DelegateEnv,
+    cache_path: &Path,
+    recording: &std::sync::Mutex<()>,
+    pod: &Pod,
+    delegates: &dyn Delegates,
+) -> Result<(CniResult, Value), Error> {
+    tracing::debug!(network = %a.network, ifname = %a.ifname, "attaching");
+    copy_device_info(a)
+        .and_then(|()| delegates.add(a, env))
+        .and_then(|(result, raw)| {
+            let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            cache::record_result(cache_path, i, &raw).map(|()| (result, raw))
+        })
+        .map_err(|e| e.context(format!("[{}] adding {}", pod.reference().unwrap_or_default(), a.describe())))
+}
+
+/// DEL every attachment, the groups in reverse (concurrently within one), keeping going past
+/// failures; the failures in reverse annotation order.
+pub(crate) fn delete_all(
+    attachments: &[Attachment],
+    base: &DelegateEnv,
+    policy: &Policy,
+    parallel: bool,
+    delegates: &dyn Delegates,
+) -> ErrorList {
+    groups(attachments, parallel)
+        .iter()
+        .rev()
+        .flat_map(|g| teardown_group(attachments, g, base, policy, delegates))
+        .collect()
+}
+
+/// DEL one group's attachments at once; the failures, each with its attachment, in reverse
+/// annotation order.
+fn teardown_group(
+    attachments: &[Attachment],
+    group: &[usize],
+    base: &DelegateEnv,
+    policy: &Policy,
+    delegates: &dyn Delegates,
+) -> ErrorList {
+    let answers = run_group(group, |i| teardown(&attachments[i], base, policy, delegates));
+    group
+        .iter()
+        .zip(answers)
+        .rev()
+        .filter_map(|(&i, answer)| answer.err().map(|e| (attachments[i].describe(), e)))
+        .collect()
+}
+
+/// DEL one attachment; its device-info file goes too (only in the policy's device-info
+/// directory), whatever the delegate answered.
+fn teardown(a: &Attachment, base: &DelegateEnv, policy: &Policy, delegates: &dyn Delegates) -> Result<(), Error> {
+    let deleted = delegates.del(a, base);
+    if let Some(f) = a.device_info_file.as_ref().filter(|f| policy.device_info_file_allowed(f)) {
+        let _ = files::remove_if_present(f);
+    }
+    deleted
+}
+
+/// A failed ADD undone: every step `undo` holds, the last first (the attachments' groups DEL'd,
+/// failed ones too, then the cache file); `e`, with what could not be undone.
+pub(crate) fn roll_back(
+    undo: Undo<Step>,
+    e: Error,
+    attachments: &[Attachment],
+    base: &DelegateEnv,
+    policy: &Policy,
+    delegates: &dyn Delegates,
+) -> Error {
+    undo.unwind(e, |step| match step {
+        Step::Cache(path) => files::remove_if_present(&path),
+        Step::Attachments { group, .. } => {
+            let failed = teardown_group(attachments, &group, base, policy, delegates);
+            let n = failed.len();
+            failed.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"))
+        }
+    })
+}
+
+/// A completed step of the meta-plugin's ADD, and what undoing it takes.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// The cache file was written: remove it.
+    Cache(PathBuf),
+    /// A group of attachments was sent their ADDs (failed ones too, as the spec wants): DEL them,
+    /// concurrently as they were added. `names` says which, for the report.
+    Attachments { group: Vec<usize>, names: Vec<String> },
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Cache(p) => write!(f, "remove cache file {}", p.display()),
+            Step::Attachments { names, .. } => write!(f, "DEL {}", names.join(", ")),
+        }
+    }
+}
