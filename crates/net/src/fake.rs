@@ -82,6 +82,7 @@ impl FakeKernel {
             alt_names: Vec::new(),
             kind: Some(kind.into()),
             macvlan_mode: None,
+            master: None,
         };
         s.namespaces[on.ns].1.links.push(link.clone());
         link
@@ -230,6 +231,7 @@ impl Kernel for FakeSocket {
                 alt_names: Vec::new(),
                 kind: Some("macvlan".into()),
                 macvlan_mode: Some(m.mode),
+                master: None,
             });
             Ok(())
         })

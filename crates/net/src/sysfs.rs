@@ -140,6 +140,68 @@ impl Sysfs {
     }
 }
 
+/// Where a netdev's device sits: what the scheduler needs to put it beside a GPU, and what a pod
+/// needs to use it for RDMA.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// The PCI root complex above the device, as Kubernetes' standard attribute
+    /// `resource.kubernetes.io/pcieRoot` spells it: `pci<domain>:<bus>` (`pci0000:3a`).
+    pub pcie_root: Option<String>,
+    /// The NUMA node of the device (`numa_node`; -1, no node, is `None`).
+    pub numa_node: Option<i64>,
+    /// What kind of function: `pf` (SR-IOV capable or plain), `vf` (has a `physfn`), `sf`
+    /// (an auxiliary device).
+    pub function: &'static str,
+    /// The RDMA device's user verbs character devices (`uverbs0`), as named under `/dev/infiniband`.
+    pub uverbs: Vec<String>,
+}
+
+impl Sysfs {
+    /// The topology of device directory `dev` (resolved, as [`Sysfs::netdev_device`] gives it),
+    /// whose RDMA device is `rdma` when it has one.
+    pub fn topology(&self, dev: &Path, rdma: Option<&str>) -> Topology {
+        let sf = !plexus_node::hw::is_pci_address(&dev.file_name().unwrap_or_default().to_string_lossy());
+        let pci = if sf { dev.parent().unwrap_or(dev) } else { dev };
+        let devices = self.root.join("devices");
+        // The first component below <root>/devices is the root complex: pci0000:3a.
+        let pcie_root = pci
+            .strip_prefix(std::fs::canonicalize(&devices).unwrap_or(devices))
+            .ok()
+            .and_then(|rel| rel.components().next())
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .filter(|r| r.strip_prefix("pci").is_some_and(|b| b.len() == 7 && b.as_bytes()[4] == b':'));
+        let numa_node = std::fs::read_to_string(pci.join("numa_node"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|n| *n >= 0);
+        let function = match (sf, pci.join("physfn").exists()) {
+            (true, _) => "sf",
+            (false, true) => "vf",
+            (false, false) => "pf",
+        };
+        let mut uverbs: Vec<String> = rdma
+            .filter(|r| r.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .map(|_| {
+                std::fs::read_dir(dev.join("infiniband_verbs"))
+                    .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        uverbs.retain(|u| {
+            u.strip_prefix("uverbs").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+        uverbs.sort();
+        Topology { pcie_root, numa_node, function, uverbs }
+    }
+
+    /// The link speed sysfs reports for netdev `ifname`, in Mb/s (none when unknown).
+    pub fn link_speed_mbps(&self, ifname: &str) -> Option<i64> {
+        validate_ifname(ifname).ok()?;
+        let speed = std::fs::read_to_string(self.root.join("class/net").join(ifname).join("speed")).ok()?;
+        speed.trim().parse::<i64>().ok().filter(|s| *s > 0)
+    }
+}
+
 fn first_entry(dir: &Path) -> Option<String> {
     let mut names: Vec<String> =
         std::fs::read_dir(dir).ok()?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();

@@ -72,6 +72,8 @@ pub struct Link {
     pub alt_names: Vec<String>,
     pub kind: Option<String>,
     pub macvlan_mode: Option<MacvlanMode>,
+    /// `IFLA_MASTER`: the index of the device this one is enslaved to (a bridge, a bond).
+    pub master: Option<u32>,
 }
 
 impl Link {
@@ -87,6 +89,7 @@ impl Link {
             alt_names: Vec::new(),
             kind: None,
             macvlan_mode: None,
+            master: None,
         };
         for attr in msg.attributes {
             match attr {
@@ -94,6 +97,7 @@ impl Link {
                 LinkAttribute::Mtu(m) => link.mtu = m,
                 LinkAttribute::Address(a) => link.mac = a.try_into().ok(),
                 LinkAttribute::Link(p) => link.parent = Some(p),
+                LinkAttribute::Controller(m) => link.master = Some(m),
                 LinkAttribute::IfAlias(a) => link.alias = Some(a),
                 LinkAttribute::PropList(props) => {
                     link.alt_names = props
