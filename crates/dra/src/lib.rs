@@ -5,6 +5,8 @@
 //! - [`kubelet`]: the kubelet plugin: registration and the DRA gRPC service on unix sockets;
 //! - [`slice`]: the node's ResourceSlice of those ports, with the standard `pcieRoot` attribute.
 
+pub mod cdi;
+pub mod claims;
 pub mod kubelet;
 pub mod nics;
 pub mod slice;
