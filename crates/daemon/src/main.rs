@@ -9,6 +9,7 @@
 //! connects and runs delegates.
 
 mod cluster;
+mod dra;
 mod events;
 mod http;
 mod metrics;
@@ -79,6 +80,8 @@ struct Args {
     /// The daemon's own log level (requests log where their config says, as in thin mode).
     #[arg(long, default_value = "info")]
     log_level: String,
+    #[command(flatten)]
+    dra: dra::DraArgs,
 }
 
 /// The delegates the daemon carries: plexus's own plugins, run in-process when the binary a
@@ -133,6 +136,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let metrics = Arc::new(metrics::Metrics::new());
     let timeout = Duration::from_secs_f64(args.api_timeout.max(0.1));
+    let (dra_stop, dra_stopped) = tokio::sync::watch::channel(false);
+    let mut dra_plugin = None;
     let caches = match plexus_k8s::api::kube_config(args.kubeconfig.as_deref(), timeout).await? {
         Some(config) => {
             let node = args
@@ -145,6 +150,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let mut watch_config = config;
             watch_config.read_timeout = None;
             let watch = kube::Client::try_from(watch_config).context("Kubernetes client")?;
+            if args.dra.dra {
+                dra_plugin = Some(dra::start(&args.dra, api.clone(), watch.clone(), &node, timeout, dra_stopped));
+            }
             let api = plexus_k8s::api::ApiClient::on_runtime(api, tokio::runtime::Handle::current(), timeout);
             let caches = cluster::Caches::start(watch, api, &node, metrics.clone(), &args.status_journal)?;
             let started = tokio::time::Instant::now();
@@ -165,6 +173,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         None => {
             tracing::info!("no Kubernetes API configured: NADs from each request's nadDir, as in thin mode");
+            anyhow::ensure!(
+                !args.dra.dra,
+                "--dra needs the Kubernetes API (--kubeconfig or the in-cluster service account)"
+            );
             None
         }
     };
@@ -217,6 +229,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(spans) = spans {
         let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+    }
+    // The kubelet plugin's sockets go: the kubelet deregisters the driver.
+    let _ = dra_stop.send(true);
+    if let Some(plugin) = dra_plugin {
+        match plugin.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("DRA kubelet plugin: {e}"),
+            Err(e) => tracing::error!("DRA kubelet plugin: {e}"),
+        }
     }
     Ok(())
 }

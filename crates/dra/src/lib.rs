@@ -7,8 +7,10 @@
 
 pub mod cdi;
 pub mod claims;
+pub mod driver;
 pub mod kubelet;
 pub mod nics;
+pub mod publish;
 pub mod slice;
 
 /// The driver's name: the `driver` of its ResourceSlices, DeviceClasses' selectors and claims'

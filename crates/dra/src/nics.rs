@@ -132,6 +132,35 @@ pub fn discover(view: &NodeView<'_>) -> (Vec<Nic>, Vec<Skipped>) {
     (nics, skipped)
 }
 
+/// Scan this thread's network namespace (its links and default routes over netlink, `sysfs` for
+/// the hardware) with the node policy as it is now. Call within a tokio runtime.
+pub async fn scan(sysfs: &Sysfs, shared: &[String]) -> Result<(Vec<Nic>, Vec<Skipped>), String> {
+    let policy = Policy::load(|k| std::env::var(k).ok()).map_err(|e| e.msg)?;
+    let socket = plexus_net::LinkSocket::current().map_err(|e| e.to_string())?;
+    let links = socket.links().await.map_err(|e| e.to_string())?;
+    let default_route: Vec<u32> = socket
+        .all_routes()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|r| r.dst.prefix() == 0 && r.table == plexus_net::link::MAIN_TABLE)
+        .filter_map(|r| r.oif)
+        .collect();
+    Ok(discover(&NodeView { links: &links, default_route: &default_route, sysfs, policy: &policy, shared }))
+}
+
+/// The node's RDMA netns mode (`shared`, `exclusive`), when the kernel has RDMA netlink.
+pub fn rdma_netns_mode() -> Option<String> {
+    let mode = plexus_net::rdma::RdmaSocket::open().ok()?.netns_mode().ok()?;
+    Some(
+        match mode {
+            plexus_net::rdma::NetnsMode::Exclusive => "exclusive",
+            plexus_net::rdma::NetnsMode::Shared => "shared",
+        }
+        .to_string(),
+    )
+}
+
 /// The node policy's node-wide word on offering `ifname` (PCI function `pci`) in `mode`.
 fn allowed(policy: &Policy, mode: Mode, ifname: &str, pci: &str) -> Result<(), String> {
     let checks: &[(Allowed, &str, &str)] = match mode {

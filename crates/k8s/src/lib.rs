@@ -6,6 +6,8 @@
 #[cfg(feature = "client")]
 pub mod api;
 pub mod checkpoint;
+#[cfg(feature = "client")]
+pub mod claims;
 pub mod error;
 #[cfg(feature = "client")]
 pub mod events;

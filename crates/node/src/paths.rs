@@ -21,3 +21,6 @@ pub const HOST_DEVICE_DATA_DIR: &str = "/var/lib/cni/plexus-host-device";
 pub const DEVICE_INFO_CNI_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/cni";
 /// Where device plugins leave theirs (device-info spec §5).
 pub const DEVICE_INFO_DP_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dp";
+
+/// Where plexus's DRA driver keeps the claims it prepared, for the meta-plugin's ADD.
+pub const DRA_CLAIMS_DIR: &str = "/run/plexus/dra/claims";

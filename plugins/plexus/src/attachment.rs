@@ -53,6 +53,24 @@ pub struct Attachment {
     /// The selection's `default-route` gateways; present (even empty) when it had the key.
     #[serde(default, rename = "defaultRoute", skip_serializing_if = "Option::is_none")]
     pub default_route: Option<Vec<std::net::IpAddr>>,
+    /// The DRA claim's device this attachment is (its result goes to the claim's status, not to
+    /// network-status). Not cached: DEL needs only the delegate, and the driver clears the claim's
+    /// status when it unprepares it.
+    #[serde(skip)]
+    pub claim: Option<ClaimedDevice>,
+}
+
+/// A DRA claim's device, as its status entry names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedDevice {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub pool: String,
+    pub device: String,
+    pub share_id: Option<String>,
+    pub rdma_device: String,
+    pub pci_address: String,
 }
 
 /// What a delegate config may not carry through plexus (a NAD is tenant-written): its own

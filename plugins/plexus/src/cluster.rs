@@ -2,17 +2,19 @@
 //! network-status — from the Kubernetes API (the daemon's watch caches, or a client of this
 //! invocation's), else `nadDir`, else nowhere.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use plexus_cni::{CniResult, Error};
 use plexus_k8s::api::{ApiClient, PodInfo};
+use plexus_k8s::claims::ClaimRef;
 use plexus_k8s::events::PodEvent;
 use plexus_k8s::nad::{DirSource, NadSource};
 use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_k8s::{K8sError, Nad, status};
 use serde_json::Value;
 
-use crate::attachment::Attachment;
+use crate::attachment::{Attachment, ClaimedDevice};
 use crate::conf::MetaConf;
 use crate::plan::{Pod, SelectionSource};
 
@@ -29,6 +31,8 @@ pub trait ClusterView: NadSource + Send + Sync {
     /// Record events about pods, best effort: what the API does not take is logged, never an
     /// error of the request, and nothing holds the request past `deadline`.
     fn record_events(&self, events: &[PodEvent], deadline: plexus_cni::Deadline);
+    /// Make plexus's entries of a DRA claim's device status be `devices` (KEP-4817).
+    fn set_claim_status(&self, claim: &ClaimRef, devices: &[Value]) -> Result<(), K8sError>;
 }
 
 impl ClusterView for ApiClient {
@@ -37,6 +41,9 @@ impl ClusterView for ApiClient {
     }
     fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         ApiClient::set_network_status(self, pod, statuses)
+    }
+    fn set_claim_status(&self, claim: &ClaimRef, devices: &[Value]) -> Result<(), K8sError> {
+        self.apply_claim_status(claim, devices)
     }
     /// At once, each on a thread of its own (a pod of eight networks waits for one round trip),
     /// one try each within what is left of the request.
@@ -115,7 +122,8 @@ impl Cluster {
     }
 }
 
-/// network-status for the pod (API only): one element per attachment, device-info included.
+/// network-status for the pod (API only): one element per attachment of its NADs, device-info
+/// included; a DRA claim's device goes to the claim's status instead.
 pub(crate) fn write_status(
     cluster: &Cluster,
     pod: &Pod,
@@ -127,13 +135,28 @@ pub(crate) fn write_status(
         return Ok(());
     }
     let mut all = Vec::new();
+    let mut claims: BTreeMap<ClaimRef, Vec<Value>> = BTreeMap::new();
     for (a, r) in attachments.iter().zip(results) {
         let info = a
             .device_info_file
             .as_ref()
             .and_then(|f| std::fs::read(f).ok())
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref()));
+        match &a.claim {
+            Some(c) => {
+                claims.entry(claim_ref(c)).or_default().push(crate::claimed::ready(c, &a.ifname, r, info.as_ref()))
+            }
+            None => all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref())),
+        }
     }
-    Ok(api.set_network_status(&pod.status_ref(), &all)?)
+    api.set_network_status(&pod.status_ref(), &all)?;
+    for (claim, devices) in claims {
+        api.set_claim_status(&claim, &devices)?;
+    }
+    Ok(())
+}
+
+/// The claim a device's status entry goes to.
+pub(crate) fn claim_ref(c: &ClaimedDevice) -> ClaimRef {
+    ClaimRef { namespace: c.namespace.clone(), name: c.name.clone(), uid: c.uid.clone() }
 }

@@ -84,6 +84,15 @@ pub struct MetaConf {
     /// admin's key, as every meta config key.
     #[serde(default)]
     pub write_multus_cache: bool,
+    /// plexus: where plexus's DRA driver (`plexus-daemon --dra`) keeps the claims it prepared:
+    /// ADD attaches the devices of the claims reserved for the pod, next to its annotation's
+    /// networks (`crate::claimed`). `null` reads none. The admin's key, as every meta config key.
+    #[serde(default = "default_dra_claims_dir")]
+    pub dra_claims_dir: Option<PathBuf>,
+}
+
+fn default_dra_claims_dir() -> Option<PathBuf> {
+    Some(plexus_node::paths::DRA_CLAIMS_DIR.into())
 }
 
 fn default_multus_cache_dir() -> Option<PathBuf> {

@@ -18,6 +18,7 @@
 mod attach;
 mod attachment;
 mod cache;
+mod claimed;
 mod cluster;
 mod conf;
 mod delegates;
@@ -255,7 +256,10 @@ impl Plugin for Meta {
         if let Cluster::Api(api) = &cluster {
             match &added {
                 Ok((_, told)) => events::tell(api.as_ref(), told, req.env.deadline),
-                Err(e) => events::tell(api.as_ref(), &events::add_failed(&pod, e), req.env.deadline),
+                Err(e) => {
+                    events::tell(api.as_ref(), &events::add_failed(&pod, e), req.env.deadline);
+                    claimed::tell_failed(api.as_ref(), &conf, &pod, e);
+                }
             }
         }
         added.map(|(result, _)| result)

@@ -120,6 +120,7 @@ impl Sandbox {
                 device_id: Some(d.device_id.clone()).filter(|r| !r.is_empty()),
                 cni_args: Vec::new(),
                 default_route: d.default_route.clone(),
+                claim: None,
             };
             sandbox.attachments.push(attachment);
         }

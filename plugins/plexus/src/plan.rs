@@ -217,8 +217,13 @@ pub fn plan(
     let default_networks: &[String] =
         if conf.system_namespaces.contains(&pod.namespace) { &[] } else { &conf.default_networks };
     // Refused before any NAD is read or any delegate runs.
-    let asked =
-        usize::from(cluster_network.is_some()) + conf.delegates.len() + default_networks.len() + selections.len();
+    let claims = crate::claimed::of_pod(conf, pod);
+    let claimed: usize = claims.iter().map(|c| c.devices.len()).sum();
+    let asked = usize::from(cluster_network.is_some())
+        + conf.delegates.len()
+        + default_networks.len()
+        + selections.len()
+        + claimed;
     refuse_too_many(req, pod, asked)?;
     let mut replacement = default_network.map(|sel| replacement_network(&sel, conf, pod, nads)).transpose()?;
     let mut out = Planned::new(req);
@@ -243,6 +248,11 @@ pub fn plan(
     let mut devices = DeviceCursor::default();
     for sel in selections {
         out.push_selected(&sel, conf, pod, nads, &mut devices)?;
+    }
+    for claim in &claims {
+        for d in &claim.devices {
+            out.push_claimed(claim, d, conf, nads)?;
+        }
     }
     out.finish()
 }
@@ -344,6 +354,7 @@ impl<'r> Planned<'r> {
             device_id: None,
             default_route: None,
             cni_args: Vec::new(),
+            claim: None,
         });
         self.out.last_mut().expect("just pushed")
     }
@@ -411,6 +422,27 @@ impl<'r> Planned<'r> {
             a.resource_name = nad.resource_name.clone();
             a.device_id = device;
         }
+        Ok(())
+    }
+
+    /// A device of a DRA claim reserved for the pod: its port attached as the claim says, under
+    /// the interface name it asks for (else the port's), offered a device-info file.
+    fn push_claimed(
+        &mut self,
+        claim: &plexus_dra::claims::Prepared,
+        d: &plexus_dra::claims::PreparedDevice,
+        conf: &MetaConf,
+        nads: &dyn NadSource,
+    ) -> Result<(), Error> {
+        let v = crate::claimed::delegate_conf(claim, d, conf, nads)?;
+        let device_info_dir = self.req.policy.device_info_dir.clone();
+        let container_id = self.req.env.container_id.clone();
+        let network = format!("{}/{}", claim.namespace, crate::claimed::network_name(claim, d));
+        let a = self.push(network, v, false, Map::new(), Some(d.ifname_in_pod().to_string()));
+        let file = device_info_dir.join(format!("{}-{container_id}_{}", a.network.replace('/', "-"), a.ifname));
+        a.capability_args.insert("CNIDeviceInfoFile".into(), file.display().to_string().into());
+        a.device_info_file = Some(file);
+        a.claim = Some(crate::claimed::claimed_device(claim, d));
         Ok(())
     }
 
@@ -698,5 +730,126 @@ mod multus_cases {
         };
         let out = plan(&req, &conf, &Pod::from_request(&req), &n, source).unwrap();
         assert_eq!(out[1].conf["args"]["cni"], json!({"args0": "val0", "args1": "val1a"}));
+    }
+
+    /// A claim of two devices (an exclusive port with the claim's interface name and IPAM, a
+    /// shared port through a NAD of the claim's namespace) prepared for pod `uid`.
+    fn prepared(uid: &str) -> plexus_dra::claims::Prepared {
+        use plexus_dra::claims::{ClaimConfig, Prepared, PreparedDevice};
+        use plexus_dra::nics::Mode;
+        let device = |request: &str, port: &str, mode, config| PreparedDevice {
+            request: request.into(),
+            pool: "node-1".into(),
+            device: port.into(),
+            ifname: port.into(),
+            mode,
+            pci_address: "0000:3b:00.0".into(),
+            rdma_device: "mlx5_0".into(),
+            share_id: None,
+            config,
+            cdi_device_ids: Vec::new(),
+        };
+        Prepared {
+            version: 1,
+            namespace: "test".into(),
+            name: "nics".into(),
+            uid: "11111111-2222-3333-4444-555555555555".into(),
+            pods: vec![uid.into()],
+            devices: vec![
+                device(
+                    "a",
+                    "rail0",
+                    Mode::Exclusive,
+                    ClaimConfig {
+                        interface: Some("roce0".into()),
+                        mtu: Some(9000),
+                        ipam: Some(json!({"type": "plexus-ipam", "range": "198.18.7.0/24"})),
+                        ..Default::default()
+                    },
+                ),
+                device(
+                    "b",
+                    "rail1",
+                    Mode::Shared,
+                    ClaimConfig {
+                        network: Some("shared".into()),
+                        macvlan_mode: Some("private".into()),
+                        ..Default::default()
+                    },
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_pods_prepared_claims_are_attached_after_its_annotation_on_their_ports() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = plexus_dra::claims::Store::new(dir.path());
+        store.save(&prepared("pod-uid-1")).unwrap();
+        let mut n = nads();
+        n.0.insert(
+            ("test".into(), "shared".into()),
+            Nad {
+                namespace: "test".into(),
+                name: "shared".into(),
+                resource_name: None,
+                config: r#"{"cniVersion": "1.0.0", "name": "shared", "type": "plexus-macvlan", "master": "eth9", "ipam": {"type": "static"}}"#.into(),
+            },
+        );
+        let mut meta = weave();
+        meta["draClaimsDir"] = json!(dir.path());
+        let req = request(&meta, "test");
+        let conf = MetaConf::load(&req).unwrap();
+        let pod = Pod { uid: "pod-uid-1".into(), ..Pod::from_request(&req) };
+        let source = SelectionSource::Annotation { networks: Some("net1".into()), default_network: None };
+        let out = plan(&req, &conf, &pod, &n, source).unwrap();
+        let rows: Vec<(&str, &str)> = out.iter().map(|a| (a.network.as_str(), a.ifname.as_str())).collect();
+        assert_eq!(
+            rows,
+            [("weave1", "eth0"), ("test/net1", "net1"), ("test/dra-nics-a", "roce0"), ("test/dra-nics-b", "rail1")]
+        );
+        let (a, b) = (&out[2], &out[3]);
+        assert_eq!(a.conf["type"], "plexus-host-device");
+        assert_eq!(a.conf["device"], "rail0");
+        assert_eq!(a.conf["mtu"], 9000);
+        assert_eq!(a.conf["ipam"]["range"], "198.18.7.0/24");
+        assert_eq!(a.conf["name"], "dra-nics-a");
+        assert_eq!(a.claim.as_ref().map(|c| (c.name.as_str(), c.device.as_str())), Some(("nics", "rail0")));
+        assert!(a.device_info_file.is_some());
+        // The NAD's config, its master replaced by the allocated port.
+        assert_eq!(
+            (b.conf["type"].as_str(), b.conf["master"].as_str(), b.conf["mode"].as_str()),
+            (Some("plexus-macvlan"), Some("rail1"), Some("private"))
+        );
+        assert_eq!(b.conf["ipam"]["type"], "static");
+        // Another pod gets none of them; a pod over the policy's maxAttachments with them is refused.
+        let other = Pod { uid: "pod-uid-2".into(), ..Pod::from_request(&req) };
+        let source = SelectionSource::Annotation { networks: None, default_network: None };
+        assert_eq!(plan(&req, &conf, &other, &n, source).unwrap().len(), 1);
+        let mut tight = request(&meta, "test");
+        tight.policy.max_attachments = 3;
+        let source = SelectionSource::Annotation { networks: Some("net1".into()), default_network: None };
+        let e = plan(&tight, &conf, &pod, &n, source).unwrap_err();
+        assert!(e.msg.contains("4 attachments asked for"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_claim_whose_network_runs_another_plugin_than_its_port_needs_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = prepared("pod-uid-1");
+        p.devices[1].config.network = Some("net1".into());
+        plexus_dra::claims::Store::new(dir.path()).save(&p).unwrap();
+        let mut meta = weave();
+        meta["draClaimsDir"] = json!(dir.path());
+        let req = request(&meta, "test");
+        let conf = MetaConf::load(&req).unwrap();
+        let pod = Pod { uid: "pod-uid-1".into(), ..Pod::from_request(&req) };
+        let source = SelectionSource::Annotation { networks: None, default_network: None };
+        let e = plan(&req, &conf, &pod, &nads(), source).unwrap_err();
+        assert!(
+            e.msg.contains("device rail1 is a shared port, attached by plexus-macvlan") && e.msg.contains("runs mynet"),
+            "{}",
+            e.msg
+        );
     }
 }

@@ -1,0 +1,154 @@
+//! plexus's DRA driver in the node daemon (`--dra`): the node's RoCE ports published as its
+//! ResourceSlice, and the kubelet plugin (registration and DRA service) preparing claims for the
+//! meta-plugin's ADD. Every setting is the admin's (the DaemonSet's flags).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use plexus_dra::claims::Store;
+use plexus_dra::driver::{ClaimSource, Driver, Ports};
+use plexus_dra::kubelet::Sockets;
+use plexus_dra::nics::Nic;
+use plexus_net::sysfs::Sysfs;
+
+/// The DRA driver's flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DraArgs {
+    /// Run plexus's DRA driver (`plexus.dev`) on this node: publish its RoCE ports as a
+    /// ResourceSlice and serve the kubelet's prepare and unprepare calls. Needs the API.
+    #[arg(long, default_value_t = false)]
+    pub dra: bool,
+    /// The ports handed out as macvlans, several claims at once (the others move into one pod
+    /// whole), comma-separated netdev names.
+    #[arg(long, value_delimiter = ',')]
+    pub dra_shared_ports: Vec<String>,
+    /// `k8s.cni.cncf.io/resourceName` on every device (what Multus's DRA path matches NADs by).
+    #[arg(long)]
+    pub dra_resource_name: Option<String>,
+    /// How many claims a shared port takes at once (its `plexus.dev/macvlans` capacity).
+    #[arg(long, default_value_t = 64)]
+    pub dra_macvlans_per_port: i64,
+    /// How often the node's ports are scanned, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub dra_scan_interval: f64,
+    /// The kubelet's root directory (its `plugins_registry/` and `plugins/`).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// Where CDI specs go (the runtime's CDI spec directory).
+    #[arg(long, default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+    /// The host's device directory (its `infiniband/` nodes go into the containers by CDI).
+    #[arg(long, default_value = "/dev")]
+    pub dev_root: PathBuf,
+    /// Where prepared claims are kept for the meta-plugin (its `draClaimsDir`; root-only).
+    #[arg(long, default_value = plexus_node::paths::DRA_CLAIMS_DIR)]
+    pub dra_claims_dir: PathBuf,
+}
+
+struct Api {
+    client: kube::Client,
+    runtime: tokio::runtime::Handle,
+    timeout: Duration,
+}
+
+impl ClaimSource for Api {
+    /// On a blocking thread of the kubelet plugin: the request runs on the daemon's runtime.
+    fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
+        let got = self.runtime.block_on(tokio::time::timeout(self.timeout, api.get(name)));
+        match got {
+            Ok(Ok(claim)) => Ok(claim),
+            Ok(Err(e)) => Err(format!("resourceclaims {namespace}/{name}: {e}")),
+            Err(_) => Err(format!("resourceclaims {namespace}/{name}: no answer within {:?}", self.timeout)),
+        }
+    }
+
+    fn clear_status(&self, claim: &plexus_dra::kubelet::Claim) -> Result<(), String> {
+        use kube::api::{Patch, PatchParams};
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), &claim.namespace);
+        let c = plexus_k8s::claims::ClaimRef {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+        };
+        let params = PatchParams::apply(plexus_k8s::claims::FIELD_MANAGER).force();
+        let body = plexus_k8s::claims::apply_body(&c, &[]);
+        match self
+            .runtime
+            .block_on(tokio::time::timeout(self.timeout, api.patch_status(&claim.name, &params, &Patch::Apply(body))))
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+        }
+    }
+}
+
+struct Scanned {
+    sysfs: Sysfs,
+    shared: Vec<String>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Ports for Scanned {
+    fn nics(&self) -> Vec<Nic> {
+        match self.runtime.block_on(plexus_dra::nics::scan(&self.sysfs, &self.shared)) {
+            Ok((nics, _)) => nics,
+            Err(e) => {
+                tracing::warn!("DRA: scanning the node's ports: {e}");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Start the publisher and the kubelet plugin on the current runtime; the plugin's sockets go
+/// when `stop` fires.
+pub fn start(
+    args: &DraArgs,
+    api: kube::Client,
+    watch: kube::Client,
+    node: &str,
+    timeout: Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let runtime = tokio::runtime::Handle::current();
+    let sysfs = Sysfs::from_env();
+    let shared = args.dra_shared_ports.clone();
+    let publishing = plexus_dra::slice::Publishing {
+        resource_name: args.dra_resource_name.clone(),
+        macvlans_per_port: args.dra_macvlans_per_port,
+        rdma_netns_mode: plexus_dra::nics::rdma_netns_mode(),
+    };
+    let scan: Box<plexus_dra::publish::Scan> = {
+        let (sysfs, shared) = (sysfs.clone(), shared.clone());
+        Box::new(move || {
+            let (sysfs, shared) = (sysfs.clone(), shared.clone());
+            Box::pin(async move {
+                plexus_dra::nics::scan(&sysfs, &shared).await.unwrap_or_else(|e| {
+                    tracing::warn!("DRA: scanning the node's ports: {e}");
+                    (Vec::new(), Vec::new())
+                })
+            })
+        })
+    };
+    let every = Duration::from_secs_f64(args.dra_scan_interval.max(0.1));
+    tokio::spawn(plexus_dra::publish::run(watch, node.to_string(), scan, publishing, every));
+    let driver = Driver {
+        node: node.to_string(),
+        claims: Arc::new(Api { client: api, runtime: runtime.clone(), timeout }),
+        ports: Arc::new(Scanned { sysfs, shared, runtime }),
+        store: Store::new(&args.dra_claims_dir),
+        cdi_dir: args.cdi_dir.clone(),
+        dev_root: args.dev_root.clone(),
+    };
+    let sockets = Sockets::under(&args.kubelet_dir, plexus_dra::DRIVER);
+    tracing::info!(registration = %sockets.registration(plexus_dra::DRIVER).display(), "DRA: kubelet plugin");
+    let mut stop = stop;
+    tokio::spawn(plexus_dra::kubelet::serve(plexus_dra::DRIVER.to_string(), sockets, Arc::new(driver), async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }))
+}
