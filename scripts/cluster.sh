@@ -277,7 +277,7 @@ up() {
   need_packages runc podman busybox-static openssl iproute2 util-linux
   PEERS_BIN=$(bash scripts/peers.sh)
   down
-  mkdir -p "$state"/{pids,log,net.d,bin,etcd,containerd,kubelet}
+  mkdir -p "$state"/{pids,log,net.d,bin,etcd,containerd,kubelet,cdi}
   chmod 700 "$state"
   # The node's mount namespace, kept at $state/mnt (its parent mount must be private), with
   # shared propagation inside: the host's mounts are never changed.
@@ -352,6 +352,8 @@ state = "$state/containerd/state"
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  enable_cdi = true
+  cdi_spec_dirs = ["$state/cdi"]
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dir = "$state/bin"
   conf_dir = "$state/net.d"

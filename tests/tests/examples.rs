@@ -344,6 +344,16 @@ fn the_plain_manifests_are_the_charts_rendering_and_the_chart_lints_in_every_mod
         &["--set", "mode=thin"][..],
         &["--set", "mode=daemon", "--set", "ipamKubernetesStore.enabled=true", "--set", "dashboard.enabled=true"],
         &["--set", "uninstallFromNodes=false", "--set-json", r#"policy={"maxAttachments": 4}"#],
+        &[
+            "--set",
+            "mode=daemon",
+            "--set",
+            "dra.enabled=true",
+            "--set",
+            "dra.sharedPorts={ens1f0np0,ens2f0np0}",
+            "--set-json",
+            r#"env=[{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]"#,
+        ],
     ] {
         let lint =
             std::process::Command::new(&helm).args(["lint", "--strict"]).arg(&chart).args(values).output().unwrap();
@@ -357,4 +367,32 @@ fn the_plain_manifests_are_the_charts_rendering_and_the_chart_lints_in_every_mod
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("mode \"thick\": thin or daemon"));
+    let thin_dra = std::process::Command::new(&helm)
+        .args(["template", "plexus"])
+        .arg(&chart)
+        .args(["--set", "dra.enabled=true"])
+        .output()
+        .unwrap();
+    assert!(!thin_dra.status.success());
+    assert!(String::from_utf8_lossy(&thin_dra.stderr).contains("the DRA driver runs in plexus-daemon"));
+}
+
+#[test]
+fn the_dra_examples_are_device_classes_of_plexus_and_a_claim_whose_config_plexus_reads() {
+    let classes = yaml_docs(&examples().join("dra/deviceclasses.yaml"));
+    assert_eq!(classes.len(), 2);
+    for c in &classes {
+        assert_eq!((c["apiVersion"].as_str(), c["kind"].as_str()), (Some("resource.k8s.io/v1"), Some("DeviceClass")));
+        let cel = c["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
+        assert!(cel.contains(r#"device.driver == "plexus.dev""#), "{cel}");
+    }
+    let template = yaml_docs(&examples().join("dra/claim-template.yaml")).remove(0);
+    let devices = &template["spec"]["spec"]["devices"];
+    assert_eq!(devices["constraints"][0]["matchAttribute"], "resource.kubernetes.io/pcieRoot");
+    let opaque = &devices["config"][0]["opaque"];
+    assert_eq!(opaque["driver"], plexus_dra::DRIVER);
+    let config: plexus_dra::claims::ClaimConfig = serde_json::from_value(opaque["parameters"].clone()).unwrap();
+    assert_eq!(config.mtu, Some(9000));
+    let pod = yaml_docs(&examples().join("dra/pod.yaml")).remove(0);
+    assert_eq!(pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"], template["metadata"]["name"]);
 }

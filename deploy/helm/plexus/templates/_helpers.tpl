@@ -26,6 +26,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if eq .Values.mode "daemon" -}}
 {{- $_ := set $plugin "daemonSocket" .Values.daemon.socket -}}
 {{- end -}}
+{{- if .Values.dra.enabled -}}
+{{- $_ := set $plugin "draClaimsDir" .Values.dra.claimsDir -}}
+{{- end -}}
 {{- $plugin = merge (deepCopy .Values.metaConfig.keys) $plugin -}}
 {{- dict "cniVersion" .Values.metaConfig.cniVersion "name" "plexus" "plugins" (list $plugin) | toPrettyJson -}}
 {{- end -}}

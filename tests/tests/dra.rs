@@ -1,0 +1,230 @@
+//! plexus as a DRA driver on a real node (Kubernetes 1.34 of `scripts/cluster.sh`, plexus
+//! installed with Helm in daemon mode with `dra.enabled`): the node's RoCE ports published as a
+//! ResourceSlice with their PCIe roots, a pod's claim for a GPU and two ports on the GPU's root
+//! prepared by the kubelet plugin, the ports attached and addressed by the meta-plugin, their
+//! `/dev/infiniband` nodes put in the container by CDI, the claim's status filled; deleting the
+//! pod returns everything.
+//!
+//! This kernel has no RDMA: a fake sysfs makes four of the node's veth "RoCE ports" ConnectX
+//! functions with RDMA devices (two on each of two PCIe roots), and the device nodes are made with
+//! mknod under the cluster's state dir (the driver's `--dev-root`). The GPUs are a ResourceSlice of
+//! a stand-in driver (`plexus-test-dra-gpu`, registered with the kubelet).
+
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+use plexus_tests::cluster::{Cluster, repo, wait_until};
+use serde_json::Value;
+
+/// (netdev, PCI address, PCIe root, RDMA device, uverbs minor offset)
+const PORTS: [(&str, &str, &str, &str, u64); 4] = [
+    ("ens1f0np0", "0000:3b:00.0", "pci0000:3a", "mlx5_0", 0),
+    ("ens2f0np0", "0000:3b:00.1", "pci0000:3a", "mlx5_1", 1),
+    ("ens3f0np0", "0000:9b:00.0", "pci0000:9a", "mlx5_2", 2),
+    ("ens4f0np0", "0000:9b:00.1", "pci0000:9a", "mlx5_3", 3),
+];
+
+fn fake_sysfs(sys: &Path) {
+    for (netdev, pci, root, rdma, n) in PORTS {
+        let dev = sys.join("devices").join(root).join(pci);
+        std::fs::create_dir_all(dev.join("net").join(netdev)).unwrap();
+        std::fs::create_dir_all(dev.join("infiniband").join(rdma)).unwrap();
+        std::fs::create_dir_all(dev.join("infiniband_verbs").join(format!("uverbs{n}"))).unwrap();
+        std::fs::write(dev.join("numa_node"), if root == "pci0000:3a" { "0\n" } else { "1\n" }).unwrap();
+        std::fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
+        symlink(&dev, sys.join("bus/pci/devices").join(pci)).unwrap();
+        std::fs::create_dir_all(sys.join("class/net").join(netdev)).unwrap();
+        symlink(&dev, sys.join("class/net").join(netdev).join("device")).unwrap();
+    }
+}
+
+/// `/dev/infiniband/uverbs0..3` and `rdma_cm` under `dev`.
+fn device_nodes(dev: &Path) {
+    let ib = dev.join("infiniband");
+    std::fs::create_dir_all(&ib).unwrap();
+    let mode = Mode::from_bits_truncate(0o666);
+    for (_, _, _, _, n) in PORTS {
+        mknod(&ib.join(format!("uverbs{n}")), SFlag::S_IFCHR, mode, makedev(231, 192 + n)).unwrap();
+    }
+    mknod(&ib.join("rdma_cm"), SFlag::S_IFCHR, mode, makedev(10, 58)).unwrap();
+}
+
+/// The stand-in GPU driver's kubelet plugin; stopped on drop.
+struct GpuDriver(Child);
+
+impl GpuDriver {
+    fn start(c: &Cluster) -> GpuDriver {
+        let log = std::fs::File::create(c.state().join("log/dra-gpu.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_plexus-test-dra-gpu"))
+            .arg(c.state().join("kubelet"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        GpuDriver(child)
+    }
+}
+
+impl Drop for GpuDriver {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+/// Two GPUs of `gpu.example.com` on this node, one on each PCIe root, and their class.
+fn gpus(c: &Cluster) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {{name: gpu.example.com}}
+spec:
+  selectors:
+  - cel: {{expression: 'device.driver == "gpu.example.com"'}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {{name: {node}-gpu}}
+spec:
+  driver: gpu.example.com
+  nodeName: {node}
+  pool: {{name: {node}, generation: 0, resourceSliceCount: 1}}
+  devices:
+  - name: gpu0
+    attributes: {{resource.kubernetes.io/pcieRoot: {{string: pci0000:3a}}}}
+  - name: gpu1
+    attributes: {{resource.kubernetes.io/pcieRoot: {{string: pci0000:9a}}}}
+"#,
+        node = c.var("NODE_NAME")
+    )
+}
+
+fn json(c: &Cluster, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let (ok, out) = c.kubectl(&all, None);
+    assert!(ok, "kubectl {args:?}: {out}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_with_device_nodes_and_status() {
+    let sys = tempfile::tempdir().unwrap();
+    fake_sysfs(sys.path());
+    let c = Cluster::bare(Some(sys.path()));
+    let state = c.state().to_path_buf();
+    device_nodes(&state.join("dev"));
+    let claims_dir = state.join("dra-claims");
+    let helm_args = format!(
+        "--set dra.enabled=true --set dra.kubeletDir={k} --set dra.cdiDir={cdi} --set dra.devRoot={dev} \
+         --set dra.claimsDir={claims} --set-json env=[{{\"name\":\"PLEXUS_SYSFS_ROOT\",\"value\":\"{sys}\"}}]",
+        k = state.join("kubelet").display(),
+        cdi = state.join("cdi").display(),
+        dev = state.join("dev").display(),
+        claims = claims_dir.display(),
+        sys = sys.path().display(),
+    );
+    let install = c
+        .script("cluster-install.sh")
+        .envs(c.vars())
+        .env("PLEXUS_DAEMON_MODE", "1")
+        .env("PLEXUS_INSTALL_WITH", "helm")
+        .env("PLEXUS_HELM_ARGS", &helm_args)
+        .output()
+        .unwrap();
+    assert!(install.status.success(), "cluster-install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
+
+    // The node's slice: the four RDMA ports with their roots; ens5..8 (no RDMA device) not.
+    let node = c.var("NODE_NAME").to_string();
+    let slice_name = format!("{node}-plexus-dev");
+    let mut slice = Value::Null;
+    wait_until("plexus's ResourceSlice", Duration::from_secs(60), || {
+        let (ok, out) = c.kubectl(&["get", "resourceslice", &slice_name, "-o", "json"], None);
+        ok && {
+            slice = serde_json::from_str(&out).unwrap();
+            slice["spec"]["devices"].as_array().is_some_and(|d| d.len() == 4)
+        }
+    });
+    assert_eq!(slice["spec"]["driver"], "plexus.dev");
+    assert_eq!(slice["spec"]["nodeName"], node.as_str());
+    let ens3 = slice["spec"]["devices"].as_array().unwrap().iter().find(|d| d["name"] == "ens3f0np0").unwrap();
+    assert_eq!(ens3["attributes"]["resource.kubernetes.io/pcieRoot"]["string"], "pci0000:9a");
+    assert_eq!(ens3["attributes"]["plexus.dev/rdmaDevice"]["string"], "mlx5_2");
+    assert_eq!(ens3["attributes"]["k8s.cni.cncf.io/deviceID"]["string"], "0000:9b:00.0");
+    assert_eq!(ens3["attributes"]["plexus.dev/numaNode"]["int"], 1);
+
+    // The kubelet deletes a node's slices when it starts: the driver puts its slice back.
+    c.kubectl(&["delete", "resourceslice", &slice_name], None);
+    wait_until("the slice put back", Duration::from_secs(30), || {
+        c.kubectl(&["get", "resourceslice", &slice_name], None).0
+    });
+
+    let _gpu = GpuDriver::start(&c);
+    c.apply(&gpus(&c));
+    let example = repo().join("conf-examples/dra");
+    c.apply(&std::fs::read_to_string(example.join("deviceclasses.yaml")).unwrap());
+    let data = c.data();
+    let template = std::fs::read_to_string(example.join("claim-template.yaml"))
+        .unwrap()
+        .replace("range: 198.18.60.0/24}", &format!("range: 198.18.60.0/24, dataDir: {}/ipam}}", data.display()));
+    c.apply(&template);
+    let pod = std::fs::read_to_string(example.join("pod.yaml"))
+        .unwrap()
+        .replace("image: busybox:1.36", &format!("image: {}\n    imagePullPolicy: Never", c.var("TEST_IMAGE")));
+    c.apply(&pod);
+    c.wait_ready("default", "pod/trainer", "120s");
+
+    // The claim: gpu1 and the two ports on its root (pci0000:9a), prepared, attached, reported.
+    let claim_name = json(&c, &["-n", "default", "get", "pod", "trainer"])["status"]["resourceClaimStatuses"][0]
+        ["resourceClaimName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let claim = json(&c, &["-n", "default", "get", "resourceclaim", &claim_name]);
+    let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap().clone();
+    let mut got: Vec<String> = results.iter().map(|r| r["device"].as_str().unwrap().to_string()).collect();
+    got.sort();
+    assert_eq!(got, ["ens3f0np0", "ens4f0np0", "gpu1"], "{results:?}");
+    let status = claim["status"]["devices"].as_array().cloned().unwrap_or_default();
+    assert_eq!(status.len(), 2, "{claim}");
+    for s in &status {
+        assert_eq!(s["driver"], "plexus.dev");
+        assert_eq!(s["conditions"][0]["type"], "Ready");
+        assert_eq!(s["conditions"][0]["status"], "True");
+        let ifname = s["networkData"]["interfaceName"].as_str().unwrap();
+        assert_eq!(ifname, s["device"].as_str().unwrap());
+        let ip = s["networkData"]["ips"][0].as_str().unwrap();
+        assert!(ip.starts_with("198.18.60.") && ip.ends_with("/24"), "{s}");
+        assert!(s["data"]["rdmaDevice"].as_str().unwrap().starts_with("mlx5_"));
+    }
+    // In the pod: the ports, addressed, and their device nodes.
+    let (ok, addrs) = c.kubectl(&["-n", "default", "exec", "trainer", "--", "ip", "-o", "-4", "addr"], None);
+    assert!(
+        ok && addrs.contains("ens3f0np0") && addrs.contains("ens4f0np0") && addrs.contains("198.18.60."),
+        "{addrs}"
+    );
+    let (ok, nodes) = c.kubectl(&["-n", "default", "exec", "trainer", "--", "ls", "/dev/infiniband"], None);
+    assert!(ok, "{nodes}");
+    let mut nodes: Vec<&str> = nodes.split_whitespace().collect();
+    nodes.sort();
+    assert_eq!(nodes, ["rdma_cm", "uverbs2", "uverbs3"]);
+    // The ports left the node.
+    assert!(!c.node_ip(&["-o", "link"]).contains("ens3f0np0"));
+    assert_eq!(std::fs::read_dir(state.join("cdi")).unwrap().count(), 1, "one CDI spec for the claim");
+
+    // Deleting the pod returns everything: the ports, the addresses, the CDI spec, the prepared claim.
+    c.delete("default", &["pod", "trainer"]);
+    wait_until("the ports back on the node", Duration::from_secs(60), || {
+        let links = c.node_ip(&["-o", "link"]);
+        links.contains("ens3f0np0") && links.contains("ens4f0np0")
+    });
+    wait_until("address released", Duration::from_secs(30), || c.reservations() == 0);
+    wait_until("CDI spec and prepared claim removed", Duration::from_secs(60), || {
+        let count = |d: &str| std::fs::read_dir(state.join(d)).map(|e| e.count()).unwrap_or(0);
+        count("cdi") == 0 && count("dra-claims") == 0
+    });
+    c.wait_no_state_or_cache();
+}
