@@ -42,6 +42,8 @@
 #   level, only the requests of the CNI plugins' service accounts (plexus, multus, whereabouts),
 #   to count API requests per pod.
 # - Eight RoCE ports (ens1f0np0 .. ens8f0np0, MTU 9000): an 8-rail GPU node.
+# - DRA: containerd reads CDI specs from the state dir's cdi/; the consumable-capacity feature
+#   gate is on (FEATURE_GATES).
 # - Two clusters may be up at once (PLEXUS_CLUSTER_SLOT): the kubelet keeps pod logs in the state
 #   dir (its log GC removes the directories of pods it does not know, another kubelet's too) and
 #   containerd runs without NRI (one socket per machine).
@@ -58,6 +60,9 @@ NODE_NETNS=plexus-k8s-node${slot:+-$slot}
 FABRIC_NETNS=plexus-k8s-fabric${slot:+-$slot}
 NODE_NAME=plexus-node
 ADDR=198.18.250.1
+# Alpha features the tests use: DRA consumable capacity (plexus's shared RoCE ports, several
+# claims on one device), on in every component that reads it.
+FEATURE_GATES=DRAConsumableCapacity=true
 SERVICE_CIDR=198.19.250.0/24
 POD_CIDR=198.19.251.0/24
 TEST_IMAGE=localhost/plexus-busybox:test
@@ -113,19 +118,20 @@ daemon() {
         --kubelet-preferred-address-types InternalIP --kubelet-client-certificate "$state/pki/kubelet-client.crt" \
         --kubelet-client-key "$state/pki/kubelet-client.key" \
         --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/log/audit.log" \
-        --audit-log-mode blocking
+        --audit-log-mode blocking --feature-gates "$FEATURE_GATES"
       wait_for kube-apiserver 120 in_node "$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig" get --raw /readyz
       ;;
     kube-controller-manager)
       start kube-controller-manager "$PEERS_BIN/kube-controller-manager" --kubeconfig "$state/admin.kubeconfig" \
         --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
         --root-ca-file "$state/pki/ca.crt" --service-account-private-key-file "$state/pki/sa.key" \
-        --use-service-account-credentials --leader-elect=false --controllers '*,-nodeipam'
+        --use-service-account-credentials --leader-elect=false --controllers '*,-nodeipam' \
+        --feature-gates "$FEATURE_GATES"
       ;;
     kube-scheduler)
       start kube-scheduler "$PEERS_BIN/kube-scheduler" --kubeconfig "$state/admin.kubeconfig" \
         --authentication-kubeconfig "$state/admin.kubeconfig" --authorization-kubeconfig "$state/admin.kubeconfig" \
-        --leader-elect=false
+        --leader-elect=false --feature-gates "$FEATURE_GATES"
       ;;
     containerd)
       local sysfs=()
@@ -409,6 +415,7 @@ clusterDomain: cluster.local
 podCIDR: $POD_CIDR
 staticPodPath: "$state/manifests"
 podLogsDir: "$state/pod-logs"
+featureGates: {DRAConsumableCapacity: true}
 EOF
   mkdir -p "$state/manifests"
   daemon kubelet

@@ -110,44 +110,86 @@ fn json(c: &Cluster, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap()
 }
 
+/// A node whose four fake ConnectX ports are offered by plexus's DRA driver (`shared` ports as
+/// macvlans), installed with Helm in daemon mode.
+struct Rig {
+    c: Cluster,
+    /// The fake sysfs, kept as long as the cluster.
+    _sys: tempfile::TempDir,
+}
+
+impl Rig {
+    fn up(shared: &[&str]) -> Rig {
+        let sys = tempfile::tempdir().unwrap();
+        fake_sysfs(sys.path());
+        let c = Cluster::bare(Some(sys.path()));
+        let state = c.state().to_path_buf();
+        device_nodes(&state.join("dev"));
+        let mut helm_args = format!(
+            "--set dra.enabled=true --set dra.kubeletDir={k} --set dra.cdiDir={cdi} --set dra.devRoot={dev} \
+             --set dra.claimsDir={claims} --set-json env=[{{\"name\":\"PLEXUS_SYSFS_ROOT\",\"value\":\"{sys}\"}}]",
+            k = state.join("kubelet").display(),
+            cdi = state.join("cdi").display(),
+            dev = state.join("dev").display(),
+            claims = state.join("dra-claims").display(),
+            sys = sys.path().display(),
+        );
+        if !shared.is_empty() {
+            helm_args.push_str(&format!(" --set dra.sharedPorts={{{}}}", shared.join(",")));
+        }
+        let install = c
+            .script("cluster-install.sh")
+            .envs(c.vars())
+            .env("PLEXUS_DAEMON_MODE", "1")
+            .env("PLEXUS_INSTALL_WITH", "helm")
+            .env("PLEXUS_HELM_ARGS", &helm_args)
+            .output()
+            .unwrap();
+        assert!(install.status.success(), "cluster-install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
+        let example = repo().join("conf-examples/dra");
+        c.apply(&std::fs::read_to_string(example.join("deviceclasses.yaml")).unwrap());
+        Rig { c, _sys: sys }
+    }
+
+    /// The node's slice once it offers `n` devices.
+    fn slice(&self, n: usize) -> Value {
+        let name = format!("{}-plexus-dev", self.c.var("NODE_NAME"));
+        let mut slice = Value::Null;
+        wait_until("plexus's ResourceSlice", Duration::from_secs(60), || {
+            let (ok, out) = self.c.kubectl(&["get", "resourceslice", &name, "-o", "json"], None);
+            ok && {
+                slice = serde_json::from_str(&out).unwrap();
+                slice["spec"]["devices"].as_array().is_some_and(|d| d.len() == n)
+            }
+        });
+        slice
+    }
+
+    /// A pod using claim template `template` (the test image, never pulled).
+    fn pod(&self, name: &str, template: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 0\n  resourceClaims: [{{name: fabric, resourceClaimTemplateName: {template}}}]\n  containers:\n  - {{name: main, image: {}, imagePullPolicy: Never, command: [sleep, \"3600\"], resources: {{claims: [{{name: fabric}}]}}}}\n",
+            self.c.var("TEST_IMAGE")
+        )
+    }
+
+    /// The claim of pod `name` (from its template).
+    fn claim_of(&self, name: &str) -> Value {
+        let pod = json(&self.c, &["-n", "default", "get", "pod", name]);
+        let claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str().unwrap().to_string();
+        json(&self.c, &["-n", "default", "get", "resourceclaim", &claim])
+    }
+}
+
 #[test]
 fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_with_device_nodes_and_status() {
-    let sys = tempfile::tempdir().unwrap();
-    fake_sysfs(sys.path());
-    let c = Cluster::bare(Some(sys.path()));
+    let rig = Rig::up(&[]);
+    let c = &rig.c;
     let state = c.state().to_path_buf();
-    device_nodes(&state.join("dev"));
-    let claims_dir = state.join("dra-claims");
-    let helm_args = format!(
-        "--set dra.enabled=true --set dra.kubeletDir={k} --set dra.cdiDir={cdi} --set dra.devRoot={dev} \
-         --set dra.claimsDir={claims} --set-json env=[{{\"name\":\"PLEXUS_SYSFS_ROOT\",\"value\":\"{sys}\"}}]",
-        k = state.join("kubelet").display(),
-        cdi = state.join("cdi").display(),
-        dev = state.join("dev").display(),
-        claims = claims_dir.display(),
-        sys = sys.path().display(),
-    );
-    let install = c
-        .script("cluster-install.sh")
-        .envs(c.vars())
-        .env("PLEXUS_DAEMON_MODE", "1")
-        .env("PLEXUS_INSTALL_WITH", "helm")
-        .env("PLEXUS_HELM_ARGS", &helm_args)
-        .output()
-        .unwrap();
-    assert!(install.status.success(), "cluster-install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
-
     // The node's slice: the four RDMA ports with their roots; ens5..8 (no RDMA device) not.
     let node = c.var("NODE_NAME").to_string();
     let slice_name = format!("{node}-plexus-dev");
-    let mut slice = Value::Null;
-    wait_until("plexus's ResourceSlice", Duration::from_secs(60), || {
-        let (ok, out) = c.kubectl(&["get", "resourceslice", &slice_name, "-o", "json"], None);
-        ok && {
-            slice = serde_json::from_str(&out).unwrap();
-            slice["spec"]["devices"].as_array().is_some_and(|d| d.len() == 4)
-        }
-    });
+    let slice = rig.slice(4);
     assert_eq!(slice["spec"]["driver"], "plexus.dev");
     assert_eq!(slice["spec"]["nodeName"], node.as_str());
     let ens3 = slice["spec"]["devices"].as_array().unwrap().iter().find(|d| d["name"] == "ens3f0np0").unwrap();
@@ -162,10 +204,9 @@ fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_w
         c.kubectl(&["get", "resourceslice", &slice_name], None).0
     });
 
-    let _gpu = GpuDriver::start(&c);
-    c.apply(&gpus(&c));
+    let _gpu = GpuDriver::start(c);
+    c.apply(&gpus(c));
     let example = repo().join("conf-examples/dra");
-    c.apply(&std::fs::read_to_string(example.join("deviceclasses.yaml")).unwrap());
     let data = c.data();
     let template = std::fs::read_to_string(example.join("claim-template.yaml"))
         .unwrap()
@@ -178,12 +219,7 @@ fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_w
     c.wait_ready("default", "pod/trainer", "120s");
 
     // The claim: gpu1 and the two ports on its root (pci0000:9a), prepared, attached, reported.
-    let claim_name = json(&c, &["-n", "default", "get", "pod", "trainer"])["status"]["resourceClaimStatuses"][0]
-        ["resourceClaimName"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let claim = json(&c, &["-n", "default", "get", "resourceclaim", &claim_name]);
+    let claim = rig.claim_of("trainer");
     let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap().clone();
     let mut got: Vec<String> = results.iter().map(|r| r["device"].as_str().unwrap().to_string()).collect();
     got.sort();
@@ -223,6 +259,108 @@ fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_w
     });
     wait_until("address released", Duration::from_secs(30), || c.reservations() == 0);
     wait_until("CDI spec and prepared claim removed", Duration::from_secs(60), || {
+        let count = |d: &str| std::fs::read_dir(state.join(d)).map(|e| e.count()).unwrap_or(0);
+        count("cdi") == 0 && count("dra-claims") == 0
+    });
+    c.wait_no_state_or_cache();
+}
+
+/// A claim template of one port of `class`, its interface `net1` addressed from `range`.
+fn one_port(rig: &Rig, name: &str, class: &str, selector: Option<&str>, range: &str) -> String {
+    let select = selector.map(|cel| format!(", selectors: [{{cel: {{expression: '{cel}'}}}}]")).unwrap_or_default();
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}, namespace: default}}
+spec:
+  spec:
+    devices:
+      requests:
+      - {{name: port, exactly: {{deviceClassName: {class}{select}}}}}
+      config:
+      - opaque: {{driver: plexus.dev, parameters: {{interface: net1, ipam: {{type: plexus-ipam, range: "{range}", dataDir: "{data}/ipam"}}}}}}
+"#,
+        data = rig.c.data().display()
+    )
+}
+
+#[test]
+fn a_shared_port_gives_two_pods_macvlans_and_claims_that_cannot_be_met_say_why() {
+    let rig = Rig::up(&["ens1f0np0"]);
+    let c = &rig.c;
+    let state = c.state().to_path_buf();
+    let slice = rig.slice(4);
+    let ens1 = slice["spec"]["devices"].as_array().unwrap().iter().find(|d| d["name"] == "ens1f0np0").unwrap().clone();
+    assert_eq!(ens1["attributes"]["plexus.dev/mode"]["string"], "shared");
+    assert_eq!(ens1["allowMultipleAllocations"], true, "{ens1}");
+    assert_eq!(ens1["capacity"]["plexus.dev/macvlans"]["value"], "64");
+
+    // Two pods, one claim each, both on the shared port: a macvlan each, their own addresses.
+    c.apply(&one_port(&rig, "shared", "roce-shared.plexus.dev", None, "198.18.61.0/24"));
+    c.apply(&rig.pod("p1", "shared"));
+    c.apply(&rig.pod("p2", "shared"));
+    c.wait_ready("default", "pod/p1", "120s");
+    c.wait_ready("default", "pod/p2", "120s");
+    let mut shares = Vec::new();
+    for p in ["p1", "p2"] {
+        let claim = rig.claim_of(p);
+        let result = &claim["status"]["allocation"]["devices"]["results"][0];
+        assert_eq!(result["device"], "ens1f0np0");
+        shares.push(result["shareID"].as_str().unwrap_or_default().to_string());
+        let status = &claim["status"]["devices"][0];
+        assert_eq!(status["shareID"], result["shareID"], "{claim}");
+        assert_eq!(status["conditions"][0]["status"], "True");
+        assert_eq!(status["networkData"]["interfaceName"], "net1");
+        assert_eq!(c.pod_addrs("default", p).len(), 1, "{p}: {:?}", c.pod_addrs("default", p));
+    }
+    assert!(!shares[0].is_empty() && shares[0] != shares[1], "{shares:?}");
+    let addrs: Vec<String> = ["p1", "p2"].iter().flat_map(|p| c.pod_addrs("default", p)).collect();
+    assert_ne!(addrs[0], addrs[1]);
+    assert!(addrs.iter().all(|a| a.starts_with("net1 198.18.61.")), "{addrs:?}");
+    assert!(c.node_ip(&["-o", "link"]).contains("ens1f0np0"), "a shared port stays on the node");
+
+    // Three exclusive ports on one PCIe root: no root has them; the pod stays Pending, saying why.
+    c.apply(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: three-on-one-root, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - {name: ports, exactly: {deviceClassName: roce.plexus.dev, count: 3}}
+      constraints:
+      - {requests: [ports], matchAttribute: resource.kubernetes.io/pcieRoot}
+"#,
+    );
+    c.apply(&rig.pod("too-many", "three-on-one-root"));
+    wait_until("the scheduler's reason", Duration::from_secs(60), || {
+        let pod = json(c, &["-n", "default", "get", "pod", "too-many"]);
+        pod["status"]["conditions"].as_array().into_iter().flatten().any(|cond| {
+            cond["type"] == "PodScheduled"
+                && cond["status"] == "False"
+                && cond["message"].as_str().is_some_and(|m| m.contains("cannot allocate all claims"))
+        })
+    });
+
+    // A port whose RDMA device has no device node: prepare fails, and the pod's events say why.
+    std::fs::remove_file(state.join("dev/infiniband/uverbs3")).unwrap();
+    c.apply(&one_port(
+        &rig,
+        "ens4",
+        "roce.plexus.dev",
+        Some(r#"device.attributes["plexus.dev"].ifName == "ens4f0np0""#),
+        "198.18.62.0/24",
+    ));
+    c.apply(&rig.pod("no-verbs", "ens4"));
+    wait_until("the prepare failure in the pod's events", Duration::from_secs(90), || {
+        c.events("default", "no-verbs").contains("uverbs3")
+    });
+    assert!(c.node_ip(&["-o", "link"]).contains("ens4f0np0"), "nothing attached");
+
+    c.delete("default", &["pod", "p1", "p2", "too-many", "no-verbs"]);
+    wait_until("addresses released", Duration::from_secs(60), || c.reservations() == 0);
+    wait_until("CDI specs and prepared claims removed", Duration::from_secs(60), || {
         let count = |d: &str| std::fs::read_dir(state.join(d)).map(|e| e.count()).unwrap_or(0);
         count("cdi") == 0 && count("dra-claims") == 0
     });

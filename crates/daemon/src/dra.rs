@@ -148,7 +148,15 @@ pub fn start(
     let sockets = Sockets::under(&args.kubelet_dir, plexus_dra::DRIVER);
     tracing::info!(registration = %sockets.registration(plexus_dra::DRIVER).display(), "DRA: kubelet plugin");
     let mut stop = stop;
-    tokio::spawn(plexus_dra::kubelet::serve(plexus_dra::DRIVER.to_string(), sockets, Arc::new(driver), async move {
+    let served = plexus_dra::kubelet::serve(plexus_dra::DRIVER.to_string(), sockets, Arc::new(driver), async move {
         let _ = stop.wait_for(|s| *s).await;
-    }))
+    });
+    // Said when it happens (a kubelet dir that is not there, a socket path taken), not at exit.
+    tokio::spawn(async move {
+        let served = served.await;
+        if let Err(e) = &served {
+            tracing::error!("DRA: the kubelet plugin stopped: {e}");
+        }
+        served
+    })
 }

@@ -233,11 +233,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // The kubelet plugin's sockets go: the kubelet deregisters the driver.
     let _ = dra_stop.send(true);
     if let Some(plugin) = dra_plugin {
-        match plugin.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!("DRA kubelet plugin: {e}"),
-            Err(e) => tracing::error!("DRA kubelet plugin: {e}"),
-        }
+        let _ = plugin.await;
     }
     Ok(())
 }
