@@ -17,6 +17,9 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 
+mod authority;
+pub use authority::LocalAuthority;
+
 /// The plugin type the kubelet's DRA manager handles.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 /// The DRA services this plugin speaks, the preferred first (the kubelet takes the first it knows).
@@ -352,7 +355,7 @@ fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
 async fn serve_on(path: PathBuf, service: Service, stop: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
     let listener = listen(&path)?;
     let incoming = futures::stream::unfold(listener, |l| async move {
-        let next = l.accept().await.map(|(s, _)| s);
+        let next = l.accept().await.map(|(s, _)| LocalAuthority::new(s));
         Some((next, l))
     });
     let served = tonic::transport::Server::builder()
