@@ -208,9 +208,23 @@ fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_w
     c.apply(&gpus(c));
     let example = repo().join("conf-examples/dra");
     let data = c.data();
+    // The example's template, its ports' config taken from a NAD of the namespace (`network`):
+    // plexus-host-device's state and plexus-ipam's data in this node's data root (the test node's
+    // policy allows no other).
+    let nad = format!(
+        r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {{name: rails, namespace: default}}
+spec:
+  config: '{{"cniVersion": "1.0.0", "name": "rails", "type": "plexus-host-device", "dataDir": "{d}/hd", "ipam": {{"type": "plexus-ipam", "range": "198.18.60.0/24", "dataDir": "{d}/ipam"}}}}'
+"#,
+        d = data.display()
+    );
+    c.apply(&nad);
     let template = std::fs::read_to_string(example.join("claim-template.yaml"))
         .unwrap()
-        .replace("range: 198.18.60.0/24}", &format!("range: 198.18.60.0/24, dataDir: {}/ipam}}", data.display()));
+        .replace("ipam: {type: plexus-ipam, range: 198.18.60.0/24}", "network: rails");
+    assert!(template.contains("network: rails"), "{template}");
     c.apply(&template);
     let pod = std::fs::read_to_string(example.join("pod.yaml"))
         .unwrap()
@@ -218,12 +232,25 @@ fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_w
     c.apply(&pod);
     c.wait_ready("default", "pod/trainer", "120s");
 
-    // The claim: gpu1 and the two ports on its root (pci0000:9a), prepared, attached, reported.
+    // The claim: a GPU and the two ports on its PCIe root, prepared, attached, reported.
     let claim = rig.claim_of("trainer");
     let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap().clone();
-    let mut got: Vec<String> = results.iter().map(|r| r["device"].as_str().unwrap().to_string()).collect();
-    got.sort();
-    assert_eq!(got, ["ens3f0np0", "ens4f0np0", "gpu1"], "{results:?}");
+    let device_of = |request: &str| -> Vec<String> {
+        let mut d: Vec<String> = results
+            .iter()
+            .filter(|r| r["request"] == request)
+            .map(|r| r["device"].as_str().unwrap().to_string())
+            .collect();
+        d.sort();
+        d
+    };
+    let gpu_root = match device_of("gpu").as_slice() {
+        [g] if g == "gpu0" => "pci0000:3a",
+        [g] if g == "gpu1" => "pci0000:9a",
+        other => panic!("GPU allocation {other:?}"),
+    };
+    let ports: Vec<(&str, u64)> = PORTS.iter().filter(|p| p.2 == gpu_root).map(|p| (p.0, p.4)).collect();
+    assert_eq!(device_of("rails"), ports.iter().map(|p| p.0.to_string()).collect::<Vec<_>>(), "{results:?}");
     let status = claim["status"]["devices"].as_array().cloned().unwrap_or_default();
     assert_eq!(status.len(), 2, "{claim}");
     for s in &status {
@@ -238,24 +265,25 @@ fn a_pod_claiming_a_gpu_and_two_roce_ports_on_its_pcie_root_gets_them_attached_w
     }
     // In the pod: the ports, addressed, and their device nodes.
     let (ok, addrs) = c.kubectl(&["-n", "default", "exec", "trainer", "--", "ip", "-o", "-4", "addr"], None);
-    assert!(
-        ok && addrs.contains("ens3f0np0") && addrs.contains("ens4f0np0") && addrs.contains("198.18.60."),
-        "{addrs}"
-    );
+    assert!(ok && ports.iter().all(|p| addrs.contains(p.0)) && addrs.contains("198.18.60."), "{addrs}");
     let (ok, nodes) = c.kubectl(&["-n", "default", "exec", "trainer", "--", "ls", "/dev/infiniband"], None);
     assert!(ok, "{nodes}");
-    let mut nodes: Vec<&str> = nodes.split_whitespace().collect();
+    let mut nodes: Vec<String> = nodes.split_whitespace().map(String::from).collect();
     nodes.sort();
-    assert_eq!(nodes, ["rdma_cm", "uverbs2", "uverbs3"]);
+    let mut want: Vec<String> = ports.iter().map(|p| format!("uverbs{}", p.1)).collect();
+    want.push("rdma_cm".into());
+    want.sort();
+    assert_eq!(nodes, want);
     // The ports left the node.
-    assert!(!c.node_ip(&["-o", "link"]).contains("ens3f0np0"));
+    let links = c.node_ip(&["-o", "link"]);
+    assert!(ports.iter().all(|p| !links.contains(p.0)), "{links}");
     assert_eq!(std::fs::read_dir(state.join("cdi")).unwrap().count(), 1, "one CDI spec for the claim");
 
     // Deleting the pod returns everything: the ports, the addresses, the CDI spec, the prepared claim.
     c.delete("default", &["pod", "trainer"]);
     wait_until("the ports back on the node", Duration::from_secs(60), || {
         let links = c.node_ip(&["-o", "link"]);
-        links.contains("ens3f0np0") && links.contains("ens4f0np0")
+        ports.iter().all(|p| links.contains(p.0))
     });
     wait_until("address released", Duration::from_secs(30), || c.reservations() == 0);
     wait_until("CDI spec and prepared claim removed", Duration::from_secs(60), || {
