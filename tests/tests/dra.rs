@@ -347,6 +347,17 @@ fn a_shared_port_gives_two_pods_macvlans_and_claims_that_cannot_be_met_say_why()
     assert!(addrs.iter().all(|a| a.starts_with("net1 198.18.61.")), "{addrs:?}");
     assert!(c.node_ip(&["-o", "link"]).contains("ens1f0np0"), "a shared port stays on the node");
 
+    // The kubelet restarts (and deletes the node's ResourceSlices as it starts): the plugin is
+    // registered again, its slice put back, the prepared claims kept, and a third pod is served.
+    c.daemon("restart", "kubelet");
+    rig.slice(4);
+    let prepared = || std::fs::read_dir(state.join("dra-claims")).map(|e| e.count()).unwrap_or(0);
+    assert_eq!(prepared(), 2, "prepared claims kept across the kubelet's restart");
+    c.apply(&rig.pod("p3", "shared"));
+    c.wait_ready("default", "pod/p3", "120s");
+    assert_eq!(rig.claim_of("p3")["status"]["devices"][0]["conditions"][0]["status"], "True");
+    c.delete("default", &["pod", "p3"]);
+
     // Three exclusive ports on one PCIe root: no root has them; the pod stays Pending, saying why.
     c.apply(
         r#"apiVersion: resource.k8s.io/v1
