@@ -188,5 +188,26 @@ pub fn device_name(ifname: &str) -> String {
     format!("{base}-{:08x}", digest)
 }
 
+/// A port for the other modules' tests: `name` ends in its number `n` (`rail1`): a PF on
+/// `pci0000:3a`, NUMA node 0, RDMA device `mlx5_<n>` with `uverbs<n>`, MTU 9000.
+#[cfg(test)]
+pub(crate) fn sample(name: &str, mode: Mode) -> Nic {
+    let n: String = name.chars().filter(char::is_ascii_digit).collect();
+    Nic {
+        device: name.into(),
+        ifname: name.into(),
+        mode,
+        pci_address: "0000:3b:00.0".into(),
+        pcie_root: Some("pci0000:3a".into()),
+        numa_node: Some(0),
+        function: "pf",
+        rdma_device: format!("mlx5_{n}"),
+        uverbs: vec![format!("uverbs{n}")],
+        mac: Some("02:00:00:00:00:01".into()),
+        mtu: 9000,
+        speed_mbps: Some(400_000),
+    }
+}
+
 #[cfg(test)]
 mod tests;

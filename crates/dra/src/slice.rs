@@ -150,20 +150,7 @@ mod tests {
     use super::*;
 
     fn nic(name: &str, mode: Mode) -> Nic {
-        Nic {
-            device: name.into(),
-            ifname: name.into(),
-            mode,
-            pci_address: "0000:3b:00.0".into(),
-            pcie_root: Some("pci0000:3a".into()),
-            numa_node: Some(0),
-            function: "pf",
-            rdma_device: "mlx5_0".into(),
-            uverbs: vec!["uverbs0".into()],
-            mac: Some("02:00:00:00:00:01".into()),
-            mtu: 9000,
-            speed_mbps: Some(400_000),
-        }
+        crate::nics::sample(name, mode)
     }
 
     #[test]

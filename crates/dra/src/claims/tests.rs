@@ -9,20 +9,7 @@ const UID: &str = "11111111-2222-3333-4444-555555555555";
 const POD: &str = "99999999-8888-7777-6666-555555555555";
 
 fn nic(name: &str, mode: Mode) -> Nic {
-    Nic {
-        device: name.into(),
-        ifname: name.into(),
-        mode,
-        pci_address: "0000:3b:00.0".into(),
-        pcie_root: Some("pci0000:3a".into()),
-        numa_node: Some(0),
-        function: "pf",
-        rdma_device: format!("mlx5_{}", &name[4..]),
-        uverbs: vec![format!("uverbs{}", &name[4..])],
-        mac: None,
-        mtu: 9000,
-        speed_mbps: None,
-    }
+    crate::nics::sample(name, mode)
 }
 
 /// A claim of two requests allocated on node-1 (rail0 for `a`, rail1 for `b`) and a GPU of

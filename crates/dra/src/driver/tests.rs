@@ -38,20 +38,7 @@ impl Ports for Fixed {
 }
 
 fn nic() -> Nic {
-    Nic {
-        device: "rail0".into(),
-        ifname: "rail0".into(),
-        mode: Mode::Exclusive,
-        pci_address: "0000:3b:00.0".into(),
-        pcie_root: None,
-        numa_node: None,
-        function: "pf",
-        rdma_device: "mlx5_0".into(),
-        uverbs: vec!["uverbs0".into()],
-        mac: None,
-        mtu: 9000,
-        speed_mbps: None,
-    }
+    crate::nics::sample("rail0", Mode::Exclusive)
 }
 
 fn claim(uid: &str, device: &str) -> ResourceClaim {
@@ -139,4 +126,18 @@ fn a_claim_that_cannot_be_prepared_leaves_nothing_behind() {
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn a_prepare_killed_after_its_cdi_spec_is_done_again_by_the_kubelets_retry() {
+    let r = rig();
+    // What a plugin killed between the two writes leaves: the spec, no prepared claim.
+    let spec = r.dir.path().join(format!("cdi/plexus.dev-{UID}.json"));
+    std::fs::create_dir_all(spec.parent().unwrap()).unwrap();
+    std::fs::write(&spec, b"{\"half\": true}").unwrap();
+    let devices = r.driver.prepare(&kubelet_claim(UID)).unwrap();
+    assert_eq!(devices[0].cdi_device_ids, [format!("plexus.dev/rdma={UID}-rail0")]);
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&spec).unwrap()).unwrap();
+    assert_eq!(written["kind"], "plexus.dev/rdma", "the spec written anew");
+    assert!(r.driver.store.load(UID).unwrap().is_some());
 }
