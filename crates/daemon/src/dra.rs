@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use plexus_dra::DraError;
 use plexus_dra::claims::Store;
 use plexus_dra::driver::{ClaimSource, Driver, Ports};
 use plexus_dra::kubelet::Sockets;
@@ -55,17 +56,19 @@ struct Api {
 
 impl ClaimSource for Api {
     /// On a blocking thread of the kubelet plugin: the request runs on the daemon's runtime.
-    fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    fn claim(&self, namespace: &str, name: &str) -> plexus_dra::error::Result<ResourceClaim> {
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
         let got = self.runtime.block_on(tokio::time::timeout(self.timeout, api.get(name)));
         match got {
             Ok(Ok(claim)) => Ok(claim),
-            Ok(Err(e)) => Err(format!("resourceclaims {namespace}/{name}: {e}")),
-            Err(_) => Err(format!("resourceclaims {namespace}/{name}: no answer within {:?}", self.timeout)),
+            Ok(Err(e)) => Err(DraError::Api(format!("resourceclaims {namespace}/{name}: {e}"))),
+            Err(_) => {
+                Err(DraError::Api(format!("resourceclaims {namespace}/{name}: no answer within {:?}", self.timeout)))
+            }
         }
     }
 
-    fn clear_status(&self, claim: &plexus_dra::kubelet::Claim) -> Result<(), String> {
+    fn clear_status(&self, claim: &plexus_dra::kubelet::Claim) -> plexus_dra::error::Result<()> {
         use kube::api::{Patch, PatchParams};
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), &claim.namespace);
         let c = plexus_k8s::claims::ClaimRef {
@@ -81,8 +84,8 @@ impl ClaimSource for Api {
         {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(kube::Error::Api(e))) if e.code == 404 => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            Ok(Err(e)) => Err(DraError::Api(e.to_string())),
+            Err(_) => Err(DraError::Api(format!("no answer within {:?}", self.timeout))),
         }
     }
 }
@@ -98,7 +101,7 @@ impl Ports for Scanned {
         match self.runtime.block_on(plexus_dra::nics::scan(&self.sysfs, &self.shared)) {
             Ok((nics, _)) => nics,
             Err(e) => {
-                tracing::warn!("DRA: scanning the node's ports: {e}");
+                tracing::warn!("DRA: {e}");
                 Vec::new()
             }
         }
@@ -129,7 +132,7 @@ pub fn start(
             let (sysfs, shared) = (sysfs.clone(), shared.clone());
             Box::pin(async move {
                 plexus_dra::nics::scan(&sysfs, &shared).await.unwrap_or_else(|e| {
-                    tracing::warn!("DRA: scanning the node's ports: {e}");
+                    tracing::warn!("DRA: {e}");
                     (Vec::new(), Vec::new())
                 })
             })

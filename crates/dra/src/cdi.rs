@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use crate::error::{DraError, Result};
+
 /// The CDI kind of plexus's devices.
 pub const KIND: &str = "plexus.dev/rdma";
 /// The CDI spec version: the lowest that has `hostPath` and names starting with a digit.
@@ -36,11 +38,11 @@ pub fn device_id(uid: &str, device: &str) -> String {
 
 /// A device node of `dev_root` (the host's `/dev`) as CDI names it: at `/dev/<rel>` in the
 /// container, checked to be a character device.
-fn node(dev_root: &Path, rel: &str) -> Result<Value, String> {
+fn node(dev_root: &Path, rel: &str) -> Result<Value> {
     let host = dev_root.join(rel);
-    let meta = std::fs::metadata(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+    let meta = std::fs::metadata(&host).map_err(|e| DraError::File(format!("{}: {e}", host.display())))?;
     if !meta.file_type().is_char_device() {
-        return Err(format!("{}: not a character device", host.display()));
+        return Err(DraError::File(format!("{}: not a character device", host.display())));
     }
     let rdev = meta.rdev();
     Ok(json!({
@@ -56,18 +58,18 @@ fn node(dev_root: &Path, rel: &str) -> Result<Value, String> {
 /// The spec of claim `uid` for `devices` (device name, its RDMA device's `uverbsN`s), the nodes
 /// read from `dev_root`. A device with no `uverbs` node is an error: a pod could not use it for
 /// RDMA.
-pub fn spec(uid: &str, devices: &[(String, Vec<String>)], dev_root: &Path) -> Result<Value, String> {
+pub fn spec(uid: &str, devices: &[(String, Vec<String>)], dev_root: &Path) -> Result<Value> {
     if !valid_uid(uid) {
-        return Err(format!("claim UID {uid:?} is not a UID"));
+        return Err(DraError::File(format!("claim UID {uid:?} is not a UID")));
     }
     let rdma_cm = node(dev_root, "infiniband/rdma_cm").ok();
     let mut out = Vec::new();
     for (device, uverbs) in devices {
         if uverbs.is_empty() {
-            return Err(format!("device {device}: its RDMA device has no uverbs node"));
+            return Err(DraError::File(format!("device {device}: its RDMA device has no uverbs node")));
         }
         let mut nodes =
-            uverbs.iter().map(|u| node(dev_root, &format!("infiniband/{u}"))).collect::<Result<Vec<_>, _>>()?;
+            uverbs.iter().map(|u| node(dev_root, &format!("infiniband/{u}"))).collect::<Result<Vec<_>>>()?;
         nodes.extend(rdma_cm.clone());
         out.push(json!({"name": format!("{uid}-{device}"), "containerEdits": {"deviceNodes": nodes}}));
     }
@@ -75,18 +77,18 @@ pub fn spec(uid: &str, devices: &[(String, Vec<String>)], dev_root: &Path) -> Re
 }
 
 /// Write claim `uid`'s spec in `dir` (atomically; the directory made when missing).
-pub fn write(dir: &Path, uid: &str, spec: &Value) -> Result<PathBuf, String> {
-    let path = spec_path(dir, uid).ok_or_else(|| format!("claim UID {uid:?} is not a UID"))?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn write(dir: &Path, uid: &str, spec: &Value) -> Result<PathBuf> {
+    let path = spec_path(dir, uid).ok_or_else(|| DraError::File(format!("claim UID {uid:?} is not a UID")))?;
+    std::fs::create_dir_all(dir).map_err(|e| DraError::File(format!("{}: {e}", dir.display())))?;
     let bytes = serde_json::to_vec_pretty(spec).expect("json");
-    plexus_node::files::write_private_atomic(&path, &bytes).map_err(|e| e.to_string())?;
+    plexus_node::files::write_private_atomic(&path, &bytes).map_err(|e| DraError::File(e.to_string()))?;
     Ok(path)
 }
 
 /// Remove claim `uid`'s spec from `dir`; gone already is success.
-pub fn remove(dir: &Path, uid: &str) -> Result<(), String> {
+pub fn remove(dir: &Path, uid: &str) -> Result<()> {
     match spec_path(dir, uid) {
-        Some(path) => plexus_node::files::remove_if_present(&path).map_err(|e| e.to_string()),
+        Some(path) => plexus_node::files::remove_if_present(&path).map_err(|e| DraError::File(e.to_string())),
         None => Ok(()),
     }
 }
@@ -142,12 +144,12 @@ mod tests {
     #[test]
     fn a_missing_or_fake_device_node_and_a_uid_that_is_no_uid_are_refused() {
         let Some(dev) = dev_root() else { return };
-        let e = spec(UID, &[("rail1".into(), vec!["uverbs7".into()])], dev.path()).unwrap_err();
+        let e = spec(UID, &[("rail1".into(), vec!["uverbs7".into()])], dev.path()).unwrap_err().to_string();
         assert!(e.contains("uverbs7"), "{e}");
         std::fs::write(dev.path().join("infiniband/uverbs8"), b"").unwrap();
-        let e = spec(UID, &[("rail1".into(), vec!["uverbs8".into()])], dev.path()).unwrap_err();
+        let e = spec(UID, &[("rail1".into(), vec!["uverbs8".into()])], dev.path()).unwrap_err().to_string();
         assert!(e.contains("not a character device"), "{e}");
-        let e = spec(UID, &[("rail1".into(), vec![])], dev.path()).unwrap_err();
+        let e = spec(UID, &[("rail1".into(), vec![])], dev.path()).unwrap_err().to_string();
         assert!(e.contains("no uverbs"), "{e}");
         for bad in ["../etc", "", "a/b", "x.json"] {
             assert!(spec(bad, &[], dev.path()).is_err(), "{bad}");

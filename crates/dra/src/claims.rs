@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::DRIVER;
+use crate::error::{DraError, Result};
 use crate::nics::{Mode, Nic};
 
 /// The version of the prepared-claim file this build writes and reads.
@@ -90,10 +91,12 @@ impl PreparedDevice {
 }
 
 /// Why a claim cannot be prepared here (the kubelet shows it in the pod's events).
-fn refuse(claim: &ResourceClaim, why: impl std::fmt::Display) -> String {
-    let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
-    format!("claim {ns}/{name}: {why}")
+fn refuse(claim: &ResourceClaim, why: impl std::fmt::Display) -> DraError {
+    DraError::Claim {
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        name: claim.metadata.name.clone().unwrap_or_default(),
+        why: why.to_string(),
+    }
 }
 
 /// Whether a config for `requests` applies to the result of request `request` (a subrequest
@@ -105,7 +108,7 @@ fn applies(requests: &Option<Vec<String>>, request: &str) -> bool {
 
 /// The config of request `request`: this driver's opaque parameters that apply, merged in the
 /// order the allocation lists them (the class's, then the claim's).
-fn config_for(claim: &ResourceClaim, request: &str) -> Result<ClaimConfig, String> {
+fn config_for(claim: &ResourceClaim, request: &str) -> Result<ClaimConfig> {
     let configs = claim
         .status
         .as_ref()
@@ -135,7 +138,7 @@ fn config_for(claim: &ResourceClaim, request: &str) -> Result<ClaimConfig, Strin
 /// Work out claim `claim` on node `node` offering `nics`: its devices and their configs. What this
 /// driver was not allocated is not its concern; a device of this pool that the node does not offer
 /// (any more) is an error.
-pub fn prepare(claim: &ResourceClaim, node: &str, nics: &[Nic]) -> Result<Prepared, String> {
+pub fn prepare(claim: &ResourceClaim, node: &str, nics: &[Nic]) -> Result<Prepared> {
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     if !crate::cdi::valid_uid(&uid) {
         return Err(refuse(claim, format!("UID {uid:?} is not a UID")));
@@ -216,31 +219,34 @@ impl Store {
     }
 
     /// Keep `p` (replacing an earlier file of the claim).
-    pub fn save(&self, p: &Prepared) -> Result<(), String> {
-        let path = self.path(&p.uid).ok_or_else(|| format!("claim UID {:?} is not a UID", p.uid))?;
-        plexus_node::files::ensure_private_dir(&self.dir).map_err(|e| e.to_string())?;
-        plexus_node::files::write_private_atomic(&path, &serde_json::to_vec(p).expect("json"))
-            .map_err(|e| e.to_string())
+    pub fn save(&self, p: &Prepared) -> Result<()> {
+        let path = self.path(&p.uid).ok_or_else(|| DraError::File(format!("claim UID {:?} is not a UID", p.uid)))?;
+        let file = |e: plexus_cni::Error| DraError::File(e.to_string());
+        plexus_node::files::ensure_private_dir(&self.dir).map_err(file)?;
+        plexus_node::files::write_private_atomic(&path, &serde_json::to_vec(p).expect("json")).map_err(file)
     }
 
     /// Claim `uid`, when prepared.
-    pub fn load(&self, uid: &str) -> Result<Option<Prepared>, String> {
+    pub fn load(&self, uid: &str) -> Result<Option<Prepared>> {
         let Some(path) = self.path(uid) else { return Ok(None) };
-        let Some(bytes) = plexus_node::files::read_regular(&path, MAX_BYTES).map_err(|e| e.to_string())? else {
+        let file = |why: String| DraError::File(format!("{}: {why}", path.display()));
+        let Some(bytes) =
+            plexus_node::files::read_regular(&path, MAX_BYTES).map_err(|e| DraError::File(e.to_string()))?
+        else {
             return Ok(None);
         };
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| file(e.to_string()))?;
         let version = plexus_node::format::version_of(&value);
         if version > PREPARED_VERSION {
-            return Err(format!("{}: format {version} of a later plexus: not read", path.display()));
+            return Err(DraError::LaterFormat { path: path.display().to_string(), version });
         }
-        serde_json::from_value(value).map(Some).map_err(|e| format!("{}: {e}", path.display()))
+        serde_json::from_value(value).map(Some).map_err(|e| file(e.to_string()))
     }
 
     /// Forget claim `uid`; not prepared is success.
-    pub fn remove(&self, uid: &str) -> Result<(), String> {
+    pub fn remove(&self, uid: &str) -> Result<()> {
         match self.path(uid) {
-            Some(path) => plexus_node::files::remove_if_present(&path).map_err(|e| e.to_string()),
+            Some(path) => plexus_node::files::remove_if_present(&path).map_err(|e| DraError::File(e.to_string())),
             None => Ok(()),
         }
     }

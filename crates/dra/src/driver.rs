@@ -9,14 +9,15 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::claims::{self, Prepared, Store};
+use crate::error::{DraError, Result};
 use crate::kubelet::{self, Claim};
 use crate::nics::Nic;
 
 /// Where the driver reads claims from: the API (a fake in tests).
 pub trait ClaimSource: Send + Sync + 'static {
-    fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String>;
+    fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim>;
     /// Remove plexus's entries of the claim's device status (what the meta-plugin's ADD wrote).
-    fn clear_status(&self, claim: &Claim) -> Result<(), String>;
+    fn clear_status(&self, claim: &Claim) -> Result<()>;
 }
 
 /// The node's offered ports now.
@@ -49,16 +50,13 @@ fn answer(p: &Prepared) -> Vec<kubelet::Device> {
 }
 
 impl Driver {
-    fn prepare_new(&self, claim: &Claim) -> Result<Prepared, String> {
+    fn prepare_new(&self, claim: &Claim) -> Result<Prepared> {
+        let refused =
+            |why: String| DraError::Claim { namespace: claim.namespace.clone(), name: claim.name.clone(), why };
         let object = self.claims.claim(&claim.namespace, &claim.name)?;
         if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
-            return Err(format!(
-                "claim {}/{}: the API has UID {}, the kubelet asked for {}",
-                claim.namespace,
-                claim.name,
-                object.metadata.uid.as_deref().unwrap_or("none"),
-                claim.uid
-            ));
+            let api = object.metadata.uid.as_deref().unwrap_or("none");
+            return Err(refused(format!("the API has UID {api}, the kubelet asked for {}", claim.uid)));
         }
         let nics = self.ports.nics();
         let mut prepared = claims::prepare(&object, &self.node, &nics)?;
@@ -73,8 +71,7 @@ impl Driver {
                 (d.device.clone(), uverbs)
             })
             .collect();
-        let spec = crate::cdi::spec(&claim.uid, &nodes, &self.dev_root)
-            .map_err(|e| format!("claim {}/{}: {e}", claim.namespace, claim.name))?;
+        let spec = crate::cdi::spec(&claim.uid, &nodes, &self.dev_root).map_err(|e| refused(e.to_string()))?;
         crate::cdi::write(&self.cdi_dir, &claim.uid, &spec)?;
         for d in &mut prepared.devices {
             d.cdi_device_ids = vec![crate::cdi::device_id(&claim.uid, &d.device)];
@@ -89,11 +86,11 @@ impl Driver {
 }
 
 impl kubelet::Driver for Driver {
-    fn prepare(&self, claim: &Claim) -> Result<Vec<kubelet::Device>, String> {
-        if let Some(kept) = self.store.load(&claim.uid)? {
+    fn prepare(&self, claim: &Claim) -> std::result::Result<Vec<kubelet::Device>, String> {
+        if let Some(kept) = self.store.load(&claim.uid).map_err(|e| e.to_string())? {
             return Ok(answer(&kept));
         }
-        let prepared = self.prepare_new(claim)?;
+        let prepared = self.prepare_new(claim).map_err(|e| e.to_string())?;
         tracing::info!(
             "claim {}/{} ({}) prepared: {} device(s) for pod(s) {:?}",
             claim.namespace,
@@ -105,14 +102,14 @@ impl kubelet::Driver for Driver {
         Ok(answer(&prepared))
     }
 
-    fn unprepare(&self, claim: &Claim) -> Result<(), String> {
+    fn unprepare(&self, claim: &Claim) -> std::result::Result<(), String> {
         // The claim's status says no more than what is there: best effort (the API server drops
         // the entries itself once the devices are deallocated).
         if let Err(e) = self.claims.clear_status(claim) {
             tracing::warn!("claim {}/{}: status not cleared: {e}", claim.namespace, claim.name);
         }
-        crate::cdi::remove(&self.cdi_dir, &claim.uid)?;
-        self.store.remove(&claim.uid)?;
+        crate::cdi::remove(&self.cdi_dir, &claim.uid).map_err(|e| e.to_string())?;
+        self.store.remove(&claim.uid).map_err(|e| e.to_string())?;
         tracing::info!("claim {}/{} ({}) unprepared", claim.namespace, claim.name, claim.uid);
         Ok(())
     }

@@ -8,6 +8,7 @@
 pub mod cdi;
 pub mod claims;
 pub mod driver;
+pub mod error;
 pub mod kubelet;
 pub mod nics;
 pub mod publish;
@@ -16,3 +17,5 @@ pub mod slice;
 /// The driver's name: the `driver` of its ResourceSlices, DeviceClasses' selectors and claims'
 /// configs, and the domain of its device attributes.
 pub const DRIVER: &str = "plexus.dev";
+
+pub use error::DraError;

@@ -134,14 +134,15 @@ pub fn discover(view: &NodeView<'_>) -> (Vec<Nic>, Vec<Skipped>) {
 
 /// Scan this thread's network namespace (its links and default routes over netlink, `sysfs` for
 /// the hardware) with the node policy as it is now. Call within a tokio runtime.
-pub async fn scan(sysfs: &Sysfs, shared: &[String]) -> Result<(Vec<Nic>, Vec<Skipped>), String> {
-    let policy = Policy::load(|k| std::env::var(k).ok()).map_err(|e| e.msg)?;
-    let socket = plexus_net::LinkSocket::current().map_err(|e| e.to_string())?;
-    let links = socket.links().await.map_err(|e| e.to_string())?;
+pub async fn scan(sysfs: &Sysfs, shared: &[String]) -> crate::error::Result<(Vec<Nic>, Vec<Skipped>)> {
+    use crate::DraError::Scan;
+    let policy = Policy::load(|k| std::env::var(k).ok()).map_err(|e| Scan(e.msg))?;
+    let socket = plexus_net::LinkSocket::current().map_err(|e| Scan(e.to_string()))?;
+    let links = socket.links().await.map_err(|e| Scan(e.to_string()))?;
     let default_route: Vec<u32> = socket
         .all_routes()
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| Scan(e.to_string()))?
         .into_iter()
         .filter(|r| r.dst.prefix() == 0 && r.table == plexus_net::link::MAIN_TABLE)
         .filter_map(|r| r.oif)

@@ -76,10 +76,11 @@ fn a_claim_is_prepared_with_its_devices_of_this_driver_each_with_the_config_of_i
 #[test]
 fn what_cannot_be_prepared_here_is_refused_naming_the_claim_and_why() {
     let nics = [nic("rail0", Mode::Exclusive), nic("rail1", Mode::Shared)];
-    let refused = |extra: serde_json::Value, nics: &[Nic]| prepare(&claim(extra), "node-1", nics).unwrap_err();
+    let refused =
+        |extra: serde_json::Value, nics: &[Nic]| prepare(&claim(extra), "node-1", nics).unwrap_err().to_string();
     let e = refused(json!({}), &nics[..1]);
     assert!(e.starts_with("claim team-a/nics: ") && e.contains("device rail1 is not offered on node node-1"), "{e}");
-    let e = prepare(&claim(json!({})), "node-2", &nics).unwrap_err();
+    let e = prepare(&claim(json!({})), "node-2", &nics).unwrap_err().to_string();
     assert!(e.contains("pool node-1, not this node's (node-2)"), "{e}");
     let unknown_key = json!({"status": {"allocation": {"devices": {"config": [
         {"source": "FromClaim", "opaque": {"driver": "plexus.dev", "parameters": {"logFile": "/etc/shadow"}}}]}}}});
@@ -96,7 +97,7 @@ fn what_cannot_be_prepared_here_is_refused_naming_the_claim_and_why() {
     assert!(refused(not_object, &nics).contains("not an object"));
     let unallocated: ResourceClaim =
         serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "n", "uid": UID}, "spec": {}})).unwrap();
-    assert!(prepare(&unallocated, "node-1", &nics).unwrap_err().contains("not allocated"));
+    assert!(prepare(&unallocated, "node-1", &nics).unwrap_err().to_string().contains("not allocated"));
     let no_uid = json!({"metadata": {"uid": "../../etc"}});
     assert!(refused(no_uid, &nics).contains("is not a UID"));
 }
@@ -118,7 +119,7 @@ fn prepared_claims_are_kept_found_by_pod_and_removed() {
     let mut later = serde_json::to_value(&p).unwrap();
     later["version"] = json!(2);
     std::fs::write(&file, serde_json::to_vec(&later).unwrap()).unwrap();
-    assert!(store.load(UID).unwrap_err().contains("later plexus"));
+    assert!(store.load(UID).unwrap_err().to_string().contains("later plexus"));
     assert!(store.for_pod(POD).is_empty());
     store.remove(UID).unwrap();
     assert!(!file.exists());

@@ -14,18 +14,18 @@ const UID: &str = "11111111-2222-3333-4444-555555555555";
 struct Api(Mutex<Vec<ResourceClaim>>, Mutex<Vec<String>>);
 
 impl ClaimSource for Api {
-    fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    fn claim(&self, namespace: &str, name: &str) -> crate::error::Result<ResourceClaim> {
         self.0
             .lock()
             .unwrap()
             .iter()
             .find(|c| c.metadata.namespace.as_deref() == Some(namespace) && c.metadata.name.as_deref() == Some(name))
             .cloned()
-            .ok_or_else(|| format!("resourceclaims {namespace}/{name} not found"))
+            .ok_or_else(|| crate::DraError::Api(format!("resourceclaims {namespace}/{name} not found")))
     }
-    fn clear_status(&self, claim: &Claim) -> Result<(), String> {
+    fn clear_status(&self, claim: &Claim) -> crate::error::Result<()> {
         self.1.lock().unwrap().push(claim.uid.clone());
-        Err("the API is away".into())
+        Err(crate::DraError::Api("the API is away".into()))
     }
 }
 
