@@ -48,45 +48,26 @@ pub struct DraArgs {
     pub dra_claims_dir: PathBuf,
 }
 
-struct Api {
-    client: kube::Client,
-    runtime: tokio::runtime::Handle,
-    timeout: Duration,
-}
+/// The API as the kubelet plugin reads and writes it: the daemon's client, with its deadline and
+/// retries (called on the plugin's blocking threads).
+struct Api(plexus_k8s::api::ApiClient);
 
 impl ClaimSource for Api {
-    /// On a blocking thread of the kubelet plugin: the request runs on the daemon's runtime.
     fn claim(&self, namespace: &str, name: &str) -> plexus_dra::error::Result<ResourceClaim> {
-        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
-        let got = self.runtime.block_on(tokio::time::timeout(self.timeout, api.get(name)));
-        match got {
-            Ok(Ok(claim)) => Ok(claim),
-            Ok(Err(e)) => Err(DraError::Api(format!("resourceclaims {namespace}/{name}: {e}"))),
-            Err(_) => {
-                Err(DraError::Api(format!("resourceclaims {namespace}/{name}: no answer within {:?}", self.timeout)))
-            }
+        match self.0.resource_claim(namespace, name) {
+            Ok(Some(claim)) => Ok(claim),
+            Ok(None) => Err(DraError::Api(format!("resourceclaim {namespace}/{name} not found"))),
+            Err(e) => Err(DraError::Api(e.to_string())),
         }
     }
 
     fn clear_status(&self, claim: &plexus_dra::kubelet::Claim) -> plexus_dra::error::Result<()> {
-        use kube::api::{Patch, PatchParams};
-        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), &claim.namespace);
         let c = plexus_k8s::claims::ClaimRef {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             uid: claim.uid.clone(),
         };
-        let params = PatchParams::apply(plexus_k8s::claims::FIELD_MANAGER).force();
-        let body = plexus_k8s::claims::apply_body(&c, &[]);
-        match self
-            .runtime
-            .block_on(tokio::time::timeout(self.timeout, api.patch_status(&claim.name, &params, &Patch::Apply(body))))
-        {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(kube::Error::Api(e))) if e.code == 404 => Ok(()),
-            Ok(Err(e)) => Err(DraError::Api(e.to_string())),
-            Err(_) => Err(DraError::Api(format!("no answer within {:?}", self.timeout))),
-        }
+        self.0.apply_claim_status(&c, &[]).map_err(|e| DraError::Api(e.to_string()))
     }
 }
 
@@ -96,15 +77,17 @@ struct Scanned {
     runtime: tokio::runtime::Handle,
 }
 
+/// The node's ports now; a scan that fails offers none, and says why.
+async fn scan(sysfs: Sysfs, shared: Vec<String>) -> (Vec<Nic>, Vec<plexus_dra::nics::Skipped>) {
+    plexus_dra::nics::scan(&sysfs, &shared).await.unwrap_or_else(|e| {
+        tracing::warn!("DRA: {e}");
+        (Vec::new(), Vec::new())
+    })
+}
+
 impl Ports for Scanned {
     fn nics(&self) -> Vec<Nic> {
-        match self.runtime.block_on(plexus_dra::nics::scan(&self.sysfs, &self.shared)) {
-            Ok((nics, _)) => nics,
-            Err(e) => {
-                tracing::warn!("DRA: {e}");
-                Vec::new()
-            }
-        }
+        self.runtime.block_on(scan(self.sysfs.clone(), self.shared.clone())).0
     }
 }
 
@@ -128,21 +111,13 @@ pub fn start(
     };
     let scan: Box<plexus_dra::publish::Scan> = {
         let (sysfs, shared) = (sysfs.clone(), shared.clone());
-        Box::new(move || {
-            let (sysfs, shared) = (sysfs.clone(), shared.clone());
-            Box::pin(async move {
-                plexus_dra::nics::scan(&sysfs, &shared).await.unwrap_or_else(|e| {
-                    tracing::warn!("DRA: {e}");
-                    (Vec::new(), Vec::new())
-                })
-            })
-        })
+        Box::new(move || Box::pin(scan(sysfs.clone(), shared.clone())))
     };
     let every = Duration::from_secs_f64(args.dra_scan_interval.max(0.1));
     tokio::spawn(plexus_dra::publish::run(watch, node.to_string(), scan, publishing, every));
     let driver = Driver {
         node: node.to_string(),
-        claims: Arc::new(Api { client: api, runtime: runtime.clone(), timeout }),
+        claims: Arc::new(Api(plexus_k8s::api::ApiClient::on_runtime(api, runtime.clone(), timeout))),
         ports: Arc::new(Scanned { sysfs, shared, runtime }),
         store: Store::new(&args.dra_claims_dir),
         cdi_dir: args.cdi_dir.clone(),

@@ -352,8 +352,12 @@ fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
 }
 
 /// Serve `service` on `path` until `stop` resolves; the socket is removed after.
-async fn serve_on(path: PathBuf, service: Service, stop: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
-    let listener = listen(&path)?;
+async fn serve_on(
+    path: PathBuf,
+    listener: tokio::net::UnixListener,
+    service: Service,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let incoming = futures::stream::unfold(listener, |l| async move {
         let next = l.accept().await.map(|(s, _)| LocalAuthority::new(s));
         Some((next, l))
@@ -383,15 +387,12 @@ pub async fn serve(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let dra = tokio::spawn(serve_on(sockets.dra(), service.clone(), stopped(rx.clone())));
-    // The DRA socket is listening once it exists.
-    for _ in 0..100 {
-        if sockets.dra().exists() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let registration = tokio::spawn(serve_on(sockets.registration(&name), service, stopped(rx)));
+    // Both bound before either is served: the DRA socket listens by the time the kubelet, told by
+    // the registration socket, dials it.
+    let (dra_path, registration_path) = (sockets.dra(), sockets.registration(&name));
+    let (dra_listener, registration_listener) = (listen(&dra_path)?, listen(&registration_path)?);
+    let dra = tokio::spawn(serve_on(dra_path, dra_listener, service.clone(), stopped(rx.clone())));
+    let registration = tokio::spawn(serve_on(registration_path, registration_listener, service, stopped(rx)));
     stop.await;
     let _ = tx.send(true);
     let (a, b) = (dra.await.map_err(std::io::Error::other)?, registration.await.map_err(std::io::Error::other)?);

@@ -95,16 +95,18 @@ async fn reconcile(
     publishing: &Publishing,
     written: &mut Written,
 ) -> kube::Result<()> {
+    let mut desired = slice(node, nics, 0, publishing);
+    let devices = desired.spec.devices.clone();
     let stored = match slices.get_opt(name).await? {
         None => {
-            let made = slices.create(&PostParams::default(), &slice(node, nics, 0, publishing)).await?;
+            let made = slices.create(&PostParams::default(), &desired).await?;
             tracing::info!("DRA: ResourceSlice {name} created");
             made
         }
         Some(current) => {
-            let mut desired = slice(node, nics, current.spec.pool.generation, publishing);
-            let same = current.spec.devices == desired.spec.devices
-                || (written.desired == desired.spec.devices && written.stored == current.spec.devices);
+            desired.spec.pool.generation = current.spec.pool.generation;
+            let same = current.spec.devices == devices
+                || (written.desired == devices && written.stored == current.spec.devices);
             if same && current.spec.pool == desired.spec.pool {
                 return Ok(());
             }
@@ -115,7 +117,7 @@ async fn reconcile(
             replaced
         }
     };
-    written.desired = slice(node, nics, 0, publishing).spec.devices;
+    written.desired = devices;
     written.stored = stored.spec.devices;
     Ok(())
 }

@@ -37,6 +37,21 @@ pub fn apply_body(claim: &ClaimRef, devices: &[Value]) -> Value {
 }
 
 impl ApiClient {
+    /// ResourceClaim `namespace/name`; `None` when there is none.
+    pub fn resource_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<k8s_openapi::api::resource::v1::ResourceClaim>, K8sError> {
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+        let what = format!("get resourceclaim {namespace}/{name}");
+        match self.send(&what, http::Method::GET, &path, "application/json", None)? {
+            Reply::Ok(v) => serde_json::from_value(v).map(Some).map_err(|e| K8sError::Refused(format!("{what}: {e}"))),
+            Reply::NotFound => Ok(None),
+            Reply::Conflict(m) => Err(K8sError::Refused(format!("{what}: {m}"))),
+        }
+    }
+
     /// Make plexus's entries of `claim`'s `status.devices` be `devices` (none: removed). A claim
     /// that is gone is not an error.
     pub fn apply_claim_status(&self, claim: &ClaimRef, devices: &[Value]) -> Result<(), K8sError> {

@@ -132,19 +132,21 @@ pub fn ready(c: &ClaimedDevice, ifname: &str, result: &plexus_cni::CniResult, de
     if let Some(mac) = mac {
         network["hardwareAddress"] = mac.into();
     }
-    entry(c, condition("True", "NetworkDeviceReady", &format!("{ifname} attached")), Some(network), Some(data))
+    entry(
+        c,
+        plexus_k8s::claims::ready_condition("True", "NetworkDeviceReady", &format!("{ifname} attached")),
+        Some(network),
+        Some(data),
+    )
 }
 
 /// After a failed ADD of `pod`: each device of its claims says `Ready` false, and why (best
 /// effort: what the API does not take is logged).
 pub fn tell_failed(view: &dyn crate::ClusterView, conf: &MetaConf, pod: &Pod, e: &Error) {
     for claim in of_pod(conf, pod) {
-        let devices: Vec<Value> = claim.devices.iter().map(|d| failed(&claimed_device(&claim, d), &e.msg)).collect();
-        let c = plexus_k8s::claims::ClaimRef {
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-            uid: claim.uid.clone(),
-        };
+        let claimed: Vec<ClaimedDevice> = claim.devices.iter().map(|d| claimed_device(&claim, d)).collect();
+        let Some(c) = claimed.first().map(crate::cluster::claim_ref) else { continue };
+        let devices: Vec<Value> = claimed.iter().map(|d| failed(d, &e.msg)).collect();
         if let Err(why) = view.set_claim_status(&c, &devices) {
             tracing::warn!("status of claim {}/{} not written: {why}", c.namespace, c.name);
         }
@@ -154,11 +156,7 @@ pub fn tell_failed(view: &dyn crate::ClusterView, conf: &MetaConf, pod: &Pod, e:
 /// The device's status entry after a failed ADD: `Ready` false, why.
 pub fn failed(c: &ClaimedDevice, why: &str) -> Value {
     let message: String = why.chars().take(1024).collect();
-    entry(c, condition("False", "AttachFailed", &message), None, None)
-}
-
-fn condition(status: &str, reason: &str, message: &str) -> Value {
-    plexus_k8s::claims::ready_condition(status, reason, message)
+    entry(c, plexus_k8s::claims::ready_condition("False", "AttachFailed", &message), None, None)
 }
 
 fn entry(c: &ClaimedDevice, condition: Value, network: Option<Value>, data: Option<Value>) -> Value {
