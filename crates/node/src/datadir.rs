@@ -15,8 +15,9 @@
 //!   directory: a NAD of a global namespace serves pods of every namespace;
 //! - a tenant data directory goes when nothing is left in it ([`DataDir::retire_if_empty`]): DEL,
 //!   GC and a failed ADD leave no directory a config made. While a request uses one it holds its
-//!   mark locked shared; the last one out removes it under an exclusive lock, and a request that
-//!   finds the mark it locked removed starts over.
+//!   mark locked shared; every request leaving lets its lock go and then looks, so the last one
+//!   out finds it empty and removes it under an exclusive lock, and a request that finds the mark
+//!   it locked removed starts over.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
@@ -108,6 +109,14 @@ struct TenantDir {
     root: SafeDir,
     name: String,
     mark: File,
+    /// Whether the request has left it ([`DataDir::retire_if_empty`] ran).
+    left: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        self.retire_if_empty();
+    }
 }
 
 impl DataDir {
@@ -133,14 +142,23 @@ impl DataDir {
 
     /// Remove a tenant's directory when nothing but its mark is left in it and no other request
     /// uses it; `true` when it is gone. The admin's directories stay. This is a request's last
-    /// use of the directory: whatever the outcome, its lock on the mark is let go (two requests
-    /// leaving at once do not hold each other up, and the last of them removes it).
+    /// use of the directory (it also runs when the [`DataDir`] is dropped, once): its lock on the
+    /// mark goes first, then the directory is looked at, so of requests leaving at once the last
+    /// to look sees what the others left and holds nobody up — the one that emptied it need not
+    /// outwait a slower one still inside, who removes it on its way out.
     pub fn retire_if_empty(&self) -> bool {
         let Some(t) = &self.tenant else { return false };
-        // Converting the shared lock lets it go first, then waits a moment for the others'.
+        if t.left.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        let _ = t.mark.unlock();
+        if !entries(&self.dir).is_ok_and(|e| e.is_empty()) {
+            return false;
+        }
+        // Empty when looked at: taken alone (a moment's wait for one that looked at the same
+        // time, or one arriving), and looked at again.
         let within = Deadline::after(Duration::from_millis(50));
         if !plexus_cni::deadline::lock_until(&t.mark, within).unwrap_or(false) {
-            let _ = t.mark.unlock();
             return false;
         }
         // A file system mounted on it (an admin's doing) keeps it: it could not be removed, and
@@ -294,7 +312,10 @@ impl Policy {
             if fstat(mark.as_fd()).map(|s| s.st_nlink).unwrap_or(0) == 0 {
                 continue;
             }
-            return Ok(Some(DataDir { dir, tenant: Some(TenantDir { root: root_dir, name: name.to_string(), mark }) }));
+            return Ok(Some(DataDir {
+                dir,
+                tenant: Some(TenantDir { root: root_dir, name: name.to_string(), mark, left: Default::default() }),
+            }));
         }
         Err(Error::try_again_later(format!("{key} {shown:?}: removed and made again {ATTEMPTS} times meanwhile")))
     }
@@ -368,6 +389,26 @@ mod tests {
         assert!(other.retire_if_empty());
         assert!(!dir.exists());
         assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, None, false, soon()).unwrap().is_none());
+    }
+
+    /// Two DELs of one directory's last two attachments: the one that removes the last domain
+    /// cannot wait out the other, still writing; that one, leaving after it without having
+    /// removed anything itself, removes the directory (CI found its mark left once).
+    #[test]
+    fn the_last_request_to_leave_removes_the_directory_the_one_that_emptied_it_could_not() {
+        let root = tempfile::tempdir().unwrap();
+        let p = policy(root.path());
+        let dir = root.path().join("team-a-store");
+        let emptier = p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        std::fs::create_dir(dir.join("default")).unwrap();
+        let slower = p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), false, soon()).unwrap().unwrap();
+        std::fs::remove_dir(dir.join("default")).unwrap();
+        assert!(!emptier.retire_if_empty(), "the slower one still uses it");
+        assert!(dir.join(MARK).exists());
+        drop(emptier);
+        assert!(dir.join(MARK).exists(), "left once only");
+        drop(slower);
+        assert!(!dir.exists(), "the last one out removed it");
     }
 
     #[test]
