@@ -1,19 +1,24 @@
-//! Keeping the node's ResourceSlice true: the ports are scanned every few seconds (netlink and
-//! sysfs: cheap), and the slice is written when what the node offers changed, or when the slice
-//! in the API is not what it should be — the kubelet deletes a node's slices when it starts, and
-//! a driver's when its plugin has been gone for 30 s; a watch of this node's slices notices.
-//! Each change of the devices is a new pool generation (the scheduler uses the newest).
+//! Keeping the node's ResourceSlices true: the ports are scanned every few seconds (netlink and
+//! sysfs: cheap), and the slices are written when what the node offers changed, or when the slices
+//! in the API are not what they should be — the kubelet deletes a node's slices when it starts,
+//! and a driver's when its plugin has been gone for 30 s; a watch of this node's slices notices.
+//! Each change of the devices is a new pool generation, written to every slice of the pool (the
+//! scheduler uses the newest generation, once it has all of its slices); slices the pool no
+//! longer needs are deleted.
 
 use std::time::Duration;
+
+use std::collections::BTreeMap;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 
+use crate::DRIVER;
 use crate::nics::{Nic, Skipped};
-use crate::slice::{NodeRef, Publishing, slice, slice_name};
+use crate::slice::{NodeRef, Publishing, slices};
 
 /// What the node offers now, and what it left out (logged when it changes).
 pub type Scan = dyn Fn() -> futures::future::BoxFuture<'static, (Vec<Nic>, Vec<Skipped>)> + Send + Sync;
@@ -23,7 +28,6 @@ pub type Scan = dyn Fn() -> futures::future::BoxFuture<'static, (Vec<Nic>, Vec<S
 pub async fn run(client: kube::Client, node: String, scan: Box<Scan>, publishing: Publishing, every: Duration) {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
-    let name = slice_name(&node);
     let mut events =
         watcher(slices.clone(), watcher::Config::default().fields(&format!("spec.nodeName={node}"))).boxed();
     let mut tick = tokio::time::interval(every);
@@ -70,54 +74,74 @@ pub async fn run(client: kube::Client, node: String, scan: Box<Scan>, publishing
             }
         }
         let nics = offered.as_deref().unwrap_or_default();
-        match reconcile(&slices, &name, node_ref.as_ref().expect("read above"), nics, &publishing, &mut written).await {
+        match reconcile(&slices, node_ref.as_ref().expect("read above"), nics, &publishing, &mut written).await {
             Ok(()) => in_api_checked = true,
-            Err(e) => tracing::warn!("DRA: ResourceSlice {name}: {e}"),
+            Err(e) => tracing::warn!("DRA: the ResourceSlices of node {node}: {e}"),
         }
     }
 }
 
-/// The devices last written, and as the API server keeps them (it drops fields of features it
-/// has off, such as consumable capacity): a slice that reads back as it was kept is right.
+/// Per slice, the devices last written and as the API server keeps them (it drops fields of
+/// features it has off, such as consumable capacity): a slice that reads back as it was kept is
+/// right.
 #[derive(Default)]
-struct Written {
-    desired: Option<Vec<Device>>,
-    stored: Option<Vec<Device>>,
-}
+struct Written(BTreeMap<String, Kept>);
 
-/// Make the API's slice `name` offer `nics`: created when missing, replaced (next generation)
-/// when its devices differ, left alone when it is right.
+/// A slice's devices as written, and as the API server kept them.
+type Kept = (Option<Vec<Device>>, Option<Vec<Device>>);
+
+/// Make the API's slices of the node's pool offer `nics`: left alone when every one is right,
+/// else all written at the next generation (created when missing), and the ones the pool no
+/// longer has deleted.
 async fn reconcile(
-    slices: &Api<ResourceSlice>,
-    name: &str,
+    api: &Api<ResourceSlice>,
     node: &NodeRef,
     nics: &[Nic],
     publishing: &Publishing,
     written: &mut Written,
 ) -> kube::Result<()> {
-    let mut desired = slice(node, nics, 0, publishing);
-    let devices = desired.spec.devices.clone();
-    let stored = match slices.get_opt(name).await? {
-        None => {
-            let made = slices.create(&PostParams::default(), &desired).await?;
-            tracing::info!("DRA: ResourceSlice {name} created");
-            made
-        }
-        Some(current) => {
-            desired.spec.pool.generation = current.spec.pool.generation;
-            let same = current.spec.devices == devices
-                || (written.desired == devices && written.stored == current.spec.devices);
-            if same && current.spec.pool == desired.spec.pool {
-                return Ok(());
-            }
-            desired.spec.pool.generation += 1;
-            desired.metadata.resource_version = current.metadata.resource_version.clone();
-            let replaced = slices.replace(name, &PostParams::default(), &desired).await?;
-            tracing::info!("DRA: ResourceSlice {name} at generation {}", desired.spec.pool.generation);
-            replaced
-        }
+    let mut desired = slices(node, nics, 0, publishing);
+    let ours = ListParams::default().fields(&format!("spec.nodeName={},spec.driver={DRIVER}", node.name));
+    let current: BTreeMap<String, ResourceSlice> = api
+        .list(&ours)
+        .await?
+        .items
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER && s.spec.node_name.as_deref() == Some(node.name.as_str()))
+        .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+        .collect();
+    let generation = current.values().map(|s| s.spec.pool.generation).max();
+    let right = |d: &ResourceSlice| {
+        let name = d.metadata.name.as_deref().unwrap_or_default();
+        current.get(name).is_some_and(|c| {
+            let pool = c.spec.pool.name == d.spec.pool.name
+                && c.spec.pool.resource_slice_count == d.spec.pool.resource_slice_count
+                && Some(c.spec.pool.generation) == generation;
+            let kept = written.0.get(name).is_some_and(|(w, s)| *w == d.spec.devices && *s == c.spec.devices);
+            pool && (c.spec.devices == d.spec.devices || kept)
+        })
     };
-    written.desired = devices;
-    written.stored = stored.spec.devices;
+    if current.len() == desired.len() && desired.iter().all(right) {
+        return Ok(());
+    }
+    let next = generation.map_or(0, |g| g + 1);
+    let mut now = Written::default();
+    for d in &mut desired {
+        d.spec.pool.generation = next;
+        let name = d.metadata.name.clone().unwrap_or_default();
+        let stored = match current.get(&name) {
+            None => api.create(&PostParams::default(), d).await?,
+            Some(c) => {
+                d.metadata.resource_version = c.metadata.resource_version.clone();
+                api.replace(&name, &PostParams::default(), d).await?
+            }
+        };
+        now.0.insert(name, (d.spec.devices.clone(), stored.spec.devices));
+    }
+    for name in current.keys().filter(|n| !now.0.contains_key(*n)) {
+        api.delete(name, &DeleteParams::default()).await?;
+    }
+    tracing::info!("DRA: {} ResourceSlice(s) of node {} at generation {next}", desired.len(), node.name);
+    *written = now;
     Ok(())
 }

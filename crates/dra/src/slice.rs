@@ -1,4 +1,5 @@
-//! The node's ResourceSlice: one pool named after the node, one slice, a device per offered port.
+//! The node's ResourceSlices: one pool named after the node, a device per offered port, one slice
+//! per [`SLICE_MAX_DEVICES`] of them (a node with many VFs offers more than a slice holds).
 //!
 //! Attributes (at most 32 with the capacities, per device):
 //! - `resource.kubernetes.io/pcieRoot` — the standard one: a claim's `matchAttribute` on it
@@ -50,16 +51,40 @@ pub struct NodeRef {
     pub uid: String,
 }
 
-/// The slice's object name: one per node and driver.
-pub fn slice_name(node: &str) -> String {
-    format!("{node}-{}", DRIVER.replace('.', "-"))
+/// The most devices one ResourceSlice holds (the API's limit).
+pub const SLICE_MAX_DEVICES: usize = 128;
+
+/// The object name of slice `index` of the node's pool: `<node>-plexus-dev`, then `…-1`, `…-2`.
+pub fn slice_name(node: &str, index: usize) -> String {
+    match index {
+        0 => format!("{node}-{}", DRIVER.replace('.', "-")),
+        i => format!("{node}-{}-{i}", DRIVER.replace('.', "-")),
+    }
 }
 
-/// The ResourceSlice of `node` offering `nics`, at pool generation `generation`.
-pub fn slice(node: &NodeRef, nics: &[Nic], generation: i64, publishing: &Publishing) -> ResourceSlice {
+/// The ResourceSlices of `node` offering `nics` at pool generation `generation`: at least one (a
+/// node offering nothing says so), each of at most [`SLICE_MAX_DEVICES`] devices, in order.
+pub fn slices(node: &NodeRef, nics: &[Nic], generation: i64, publishing: &Publishing) -> Vec<ResourceSlice> {
+    let chunks: Vec<&[Nic]> = match nics.is_empty() {
+        true => vec![&[]],
+        false => nics.chunks(SLICE_MAX_DEVICES).collect(),
+    };
+    let count = chunks.len() as i64;
+    chunks.iter().enumerate().map(|(i, chunk)| slice(node, i, count, chunk, generation, publishing)).collect()
+}
+
+/// Slice `index` of `count` of the node's pool, offering `nics`.
+fn slice(
+    node: &NodeRef,
+    index: usize,
+    count: i64,
+    nics: &[Nic],
+    generation: i64,
+    publishing: &Publishing,
+) -> ResourceSlice {
     ResourceSlice {
         metadata: ObjectMeta {
-            name: Some(slice_name(&node.name)),
+            name: Some(slice_name(&node.name, index)),
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Node".into(),
@@ -73,7 +98,7 @@ pub fn slice(node: &NodeRef, nics: &[Nic], generation: i64, publishing: &Publish
         spec: ResourceSliceSpec {
             driver: DRIVER.into(),
             node_name: Some(node.name.clone()),
-            pool: ResourcePool { name: node.name.clone(), generation, resource_slice_count: 1 },
+            pool: ResourcePool { name: node.name.clone(), generation, resource_slice_count: count },
             devices: Some(nics.iter().map(|n| device(n, publishing)).collect()),
             ..Default::default()
         },
@@ -161,8 +186,9 @@ mod tests {
             macvlans_per_port: 16,
             rdma_netns_mode: Some("exclusive".into()),
         };
-        let s = slice(&node, &[nic("rail0", Mode::Exclusive), nic("rail1", Mode::Shared)], 3, &publishing);
-        let v = serde_json::to_value(&s).unwrap();
+        let s = slices(&node, &[nic("rail0", Mode::Exclusive), nic("rail1", Mode::Shared)], 3, &publishing);
+        assert_eq!(s.len(), 1);
+        let v = serde_json::to_value(&s[0]).unwrap();
         assert_eq!(v["metadata"]["name"], "gpu-7-plexus-dev");
         assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "Node");
         assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
@@ -188,5 +214,24 @@ mod tests {
                 + d.get("capacity").map_or(0, |c| c.as_object().unwrap().len());
             assert!(n <= 32, "{n} attributes and capacities: the API allows 32");
         }
+    }
+
+    #[test]
+    fn a_pool_of_more_ports_than_a_slice_holds_is_several_slices_of_one_generation() {
+        let node = NodeRef { name: "gpu-7".into(), uid: "u-1".into() };
+        let nics: Vec<Nic> = (0..300).map(|i| nic(&format!("vf{i:03}"), Mode::Exclusive)).collect();
+        let s = slices(&node, &nics, 5, &Publishing::default());
+        let names: Vec<_> = s.iter().map(|s| s.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, ["gpu-7-plexus-dev", "gpu-7-plexus-dev-1", "gpu-7-plexus-dev-2"]);
+        let sizes: Vec<_> = s.iter().map(|s| s.spec.devices.as_ref().unwrap().len()).collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        for s in &s {
+            assert_eq!(s.spec.pool, ResourcePool { name: "gpu-7".into(), generation: 5, resource_slice_count: 3 });
+        }
+        let last = s[2].spec.devices.as_ref().unwrap();
+        assert_eq!(last.last().unwrap().name, "vf299", "in order");
+        let none = slices(&node, &[], 0, &Publishing::default());
+        assert_eq!(none.len(), 1, "a node offering nothing says so");
+        assert_eq!(none[0].spec.devices.as_deref(), Some(&[][..]));
     }
 }
