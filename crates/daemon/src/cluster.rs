@@ -20,6 +20,7 @@ use plexus_k8s::selection::{DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION};
 use plexus_k8s::status::{NetworkStatus, PodRef};
 use plexus_k8s::{K8sError, Nad};
 
+use crate::claim_status::ClaimStatusWriter;
 use crate::events::EventWriter;
 use crate::metrics::Metrics;
 use crate::status::{Patch, StatusWriter};
@@ -216,6 +217,8 @@ pub struct Caches {
     pub status: Arc<StatusWriter>,
     /// Events about pods, written after the answer.
     events: EventWriter,
+    /// DRA claims' status, written after the answer.
+    claim_status: ClaimStatusWriter,
 }
 
 /// The caches' kinds, as the metrics label them.
@@ -311,6 +314,8 @@ impl Caches {
             .map_err(|e| anyhow::anyhow!("network-status journal {}: {e}", journal.display()))?;
         let events = EventWriter::start(api.clone(), metrics.clone())
             .map_err(|e| anyhow::anyhow!("start the event writer: {e}"))?;
+        let claim_status = ClaimStatusWriter::start(api.clone(), metrics.clone())
+            .map_err(|e| anyhow::anyhow!("start the claim status writer: {e}"))?;
         let caches = Arc::new(Caches {
             nads: nads.clone(),
             pods: pods.clone(),
@@ -319,6 +324,7 @@ impl Caches {
             synced: synced.clone(),
             status,
             events,
+            claim_status,
         });
         tokio::spawn(async move {
             let (a, b) = tokio::join!(nads.wait_until_ready(), pods.wait_until_ready());
@@ -388,14 +394,13 @@ impl plexus::ClusterView for Caches {
         self.events.submit(events)
     }
 
-    /// Written before the answer, as in thin mode: the claim's status is its result.
+    /// Queued and written after the answer, in order ([`ClaimStatusWriter`]).
     fn set_claim_status(
         &self,
         claim: &plexus_k8s::claims::ClaimRef,
         devices: &[serde_json::Value],
     ) -> Result<(), K8sError> {
-        self.metrics.api_request("apply_claim_status");
-        self.api.apply_claim_status(claim, devices)
+        self.claim_status.submit(claim, devices)
     }
 }
 

@@ -8,6 +8,7 @@
 //! Every flag is the admin's (the DaemonSet's command line): they say where root listens,
 //! connects and runs delegates.
 
+mod claim_status;
 mod cluster;
 mod dra;
 mod events;

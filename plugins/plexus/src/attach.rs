@@ -84,6 +84,7 @@ pub(crate) fn attach_all(
         let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
         undo.push(Step::Attachments { group: group.clone(), names });
         let attachments = &state.attachments;
+        let _turn = group.iter().any(|&i| moves_a_device(&attachments[i])).then(|| device_move_turn(cache_path, env));
         let answers = run_group(&group, |i| attach(&attachments[i], i, env, cache_path, &recording, pod, delegates));
         let mut failed = None;
         for (i, answer) in group.into_iter().zip(answers) {
@@ -108,6 +109,31 @@ pub(crate) fn attach_all(
             result
         })
         .collect())
+}
+
+/// Whether attachment `a` moves a whole netdev into the pod (a host-device delegate).
+fn moves_a_device(a: &Attachment) -> bool {
+    let first = a.conf.get("plugins").and_then(|p| p.get(0)).unwrap_or(&a.conf);
+    matches!(first.get("type").and_then(Value::as_str), Some("plexus-host-device" | "host-device"))
+}
+
+/// The node's pods move their devices in turn. The kernel moves one netdev into a namespace at a
+/// time (under RTNL, each waiting out an RCU grace period: ~20 ms here), so pods moving devices at
+/// once all finish when the last one does; in turn, the first pod's are in place first and the
+/// last finishes no later. The turn is an exclusive `flock` on the meta-plugin's cache directory
+/// (nothing is written; each request opens it, so threads of plexus-daemon take turns too), held
+/// while a group that moves devices runs. It is waited for at most half of what the request has
+/// left; then the group runs without it (the turn is for speed, not correctness).
+fn device_move_turn(cache_path: &Path, env: &DelegateEnv) -> Option<std::fs::File> {
+    let dir = std::fs::File::open(cache_path.parent()?).ok()?;
+    let within = plexus_cni::Deadline::after(env.cni.deadline.remaining() / 2);
+    match plexus_cni::deadline::lock_until(&dir, within) {
+        Ok(true) => Some(dir),
+        _ => {
+            tracing::info!("the node's device moves: no turn in time, moving without one");
+            None
+        }
+    }
 }
 
 /// ADD attachment `i`: its device-info file placed, its delegate run, its result recorded in the

@@ -360,3 +360,73 @@ fn writing_multus_cache_into_plexus_own_cache_directory_is_refused_naming_the_ke
     assert_eq!(err.code, plexus_cni::code::INVALID_NETWORK_CONFIG);
     assert!(err.msg.contains("\"writeMultusCache\"") && err.msg.contains("/var/lib/cni/multus"), "{err:?}");
 }
+
+/// When a pod's delegate ADD started and ended.
+type Ran = Arc<Mutex<Vec<(&'static str, std::time::Instant, std::time::Instant)>>>;
+
+/// Delegates that take 40 ms per ADD and note when each of pod `pod`'s ran.
+struct Timed {
+    pod: &'static str,
+    ran: Ran,
+}
+
+impl Delegates for Timed {
+    fn add(&self, a: &Attachment, _: &DelegateEnv) -> Result<(CniResult, Value), Error> {
+        let start = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(40));
+        self.ran.lock().unwrap().push((self.pod, start, std::time::Instant::now()));
+        let raw = json!({"cniVersion": "1.0.0", "interfaces": [{"name": a.ifname}]});
+        Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
+    }
+
+    fn del(&self, _: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn check(&self, _: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+#[test]
+fn pods_moving_whole_devices_take_turns_and_pods_of_other_delegates_do_not_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |kind: &'static str| {
+        let ran: Ran = Arc::new(Mutex::new(Vec::new()));
+        std::thread::scope(|s| {
+            for pod in ["a", "b"] {
+                let ran = ran.clone();
+                let dir = dir.path();
+                s.spawn(move || {
+                    let rails = (0..3).map(|i| {
+                        serde_json::from_value(json!({"network": format!("rail{i}"), "ifname": format!("net{}", i + 1),
+                            "conf": {"cniVersion": "1.0.0", "name": "ports", "type": kind}}))
+                        .unwrap()
+                    });
+                    let mut state = Cache {
+                        version: cache::CACHE_VERSION,
+                        container_id: pod.into(),
+                        netns: None,
+                        pod_ref: None,
+                        attachments: rails.collect(),
+                    };
+                    let cache_path = dir.join(pod);
+                    cache::save(&cache_path, &state).unwrap();
+                    let mut undo = Undo::new();
+                    let delegates = Timed { pod, ran };
+                    attach_all(&mut state, true, &Pod::default(), &env(), &cache_path, &mut undo, &delegates).unwrap();
+                    undo.commit();
+                });
+            }
+        });
+        let ran = ran.lock().unwrap().clone();
+        let span = |pod| {
+            let of: Vec<_> = ran.iter().filter(|r| r.0 == pod).collect();
+            (of.iter().map(|r| r.1).min().unwrap(), of.iter().map(|r| r.2).max().unwrap())
+        };
+        let ((a0, a1), (b0, b1)) = (span("a"), span("b"));
+        a1 <= b0 || b1 <= a0
+    };
+    assert!(run("plexus-host-device"), "one pod's device moves after the other's");
+    assert!(!run("plexus-macvlan"), "macvlans are made at once");
+}
