@@ -8,6 +8,9 @@
 #   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
 #   PLEXUS_CLUSTER_SYSFS=DIR bash scripts/cluster.sh up
 #                                  # the CNI plugins read sysfs from DIR (PLEXUS_SYSFS_ROOT)
+#   PLEXUS_CLUSTER_NRI=1 bash scripts/cluster.sh up
+#                                  # containerd with NRI on, its socket $state/nri/nri.sock
+#                                  # (for dranet: scripts/bench/dra.sh)
 #   bash scripts/cluster.sh stop|start|restart DAEMON   (the kubelet takes extra flags from
 #                                  # $state/kubelet-flags, one per line, when it starts)
 #                                  # one daemon (etcd, kube-apiserver, kube-controller-manager,
@@ -46,7 +49,8 @@
 #   gate is on (FEATURE_GATES).
 # - Two clusters may be up at once (PLEXUS_CLUSTER_SLOT): the kubelet keeps pod logs in the state
 #   dir (its log GC removes the directories of pods it does not know, another kubelet's too) and
-#   containerd runs without NRI (one socket per machine).
+#   containerd runs without NRI (its default socket is one per machine); PLEXUS_CLUSTER_NRI=1
+#   turns it on with its socket and plugin dirs in the state dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
@@ -342,6 +346,15 @@ EOF
   daemon kube-scheduler
 
   log "containerd"
+  nri_config() {
+    if [ "${PLEXUS_CLUSTER_NRI:-}" = 1 ]; then
+      mkdir -p "$state/nri/plugins" "$state/nri/conf.d"
+      printf '  disable = false\n  socket_path = "%s"\n  plugin_path = "%s"\n  plugin_config_path = "%s"' \
+        "$state/nri/nri.sock" "$state/nri/plugins" "$state/nri/conf.d"
+    else
+      printf '  disable = true'
+    fi
+  }
   cp "$PEERS_BIN"/{loopback,bridge,host-local} "$state/bin/"
   cat > "$state/containerd.toml" << EOF
 version = 3
@@ -354,7 +367,7 @@ state = "$state/containerd/state"
 [ttrpc]
   address = "$state/containerd-ttrpc.sock"
 [plugins.'io.containerd.nri.v1.nri']
-  disable = true
+$(nri_config)
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
@@ -434,6 +447,7 @@ EOF
   cat << EOF
 KUBECONFIG=$state/admin.kubeconfig
 NODE_NETNS=$NODE_NETNS
+FABRIC_NETNS=$FABRIC_NETNS
 NODE_NAME=$NODE_NAME
 CNI_BIN_DIR=$state/bin
 CNI_CONF_DIR=$state/net.d

@@ -21,6 +21,10 @@
 #
 #   bash scripts/peers.sh            # build what is missing, print the bin dir
 #   PLEXUS_PEERS_CACHE=/dir bash scripts/peers.sh
+#   bash scripts/peers.sh dranet     # a peer only a benchmark uses: its own bin dir
+#
+# Peers only a benchmark uses (dranet, for scripts/bench/dra.sh) are not in the set the tests use:
+# `peers.sh MODULE` builds that module alone (cached the same way) and prints its directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$(pwd)
@@ -53,6 +57,10 @@ declare -A binaries=(
   [deviceplugin]="plexus-test-device-plugin=plexus.test/deviceplugin"
   [helm]="helm=helm.sh/helm/v4/cmd/helm"
 )
+# Peers of the benchmarks only (`peers.sh MODULE`).
+declare -A bench_binaries=(
+  [dranet]="dranet=github.com/google/dranet/cmd/dranet"
+)
 # Files of a module the scripts read besides its binaries (module path:dir): whereabouts' CRDs
 # and DaemonSet manifest (scripts/cluster.sh, the benchmarks), Multus's manifests (the
 # benchmarks). Copied to share/MODULE/DIR beside the set's bin dir ($PEERS_BIN/../share).
@@ -72,7 +80,7 @@ module_key() {
 modules=$(printf '%s\n' "${!binaries[@]}" | sort)
 key=$(for m in $modules; do echo "$m $(module_key "$m")"; done | sha256sum | cut -c1-16)
 bin=$cache/$key/bin
-if [ -f "$bin/.complete" ] && [ -d "$cache/$key/share" ]; then
+if [ $# -eq 0 ] && [ -f "$bin/.complete" ] && [ -d "$cache/$key/share" ]; then
   echo "$bin"
   exit 0
 fi
@@ -126,6 +134,15 @@ share_module() {
     cp -r "$src/$path" "$share/$module/$path"
   done
 }
+
+if [ $# -gt 0 ]; then
+  [ -n "${bench_binaries[$1]:-}" ] || { echo "peers.sh: no benchmark peer $1 (${!bench_binaries[*]})" >&2; exit 2; }
+  binaries[$1]=${bench_binaries[$1]}
+  build_module "$1"
+  [ "${PLEXUS_PEERS_KEEP_GO_CACHES:-0}" = 1 ] || { go clean -cache -modcache; rm -rf "$GOCACHE" "$GOMODCACHE"; }
+  echo "$cache/modules/$1-$(module_key "$1")"
+  exit 0
+fi
 
 partial=$cache/$key/bin.partial share=$cache/$key/share.partial
 rm -rf "$partial" "$share"

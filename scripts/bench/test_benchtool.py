@@ -170,3 +170,48 @@ class ImageIndex(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DraSummary(unittest.TestCase):
+    """scripts/bench/dra_summary.py, the DRA comparison's reader."""
+
+    def test_go_durations_are_read_in_milliseconds_and_anything_else_refused(self):
+        import dra_summary
+        self.assertEqual(dra_summary.go_duration_ms("1.5s"), 1500.0)
+        self.assertAlmostEqual(dra_summary.go_duration_ms("850.2µs"), 0.8502)
+        self.assertEqual(dra_summary.go_duration_ms("2m3.4s"), 123400.0)
+        with self.assertRaises(ValueError):
+            dra_summary.go_duration_ms("12 ms")
+
+    def test_dranets_hook_lines_and_containerds_cni_lines_give_one_time_per_sandbox(self):
+        import dra_summary
+        nri = ["I1206 07:30:00.1 1 nri_hooks.go:111] RunPodSandbox Pod default/p-0 UID 9f took 12.5ms",
+               "I1206 07:30:00.1 1 nri_hooks.go:106] RunPodSandbox Pod default/p-0 UID 9f"]
+        self.assertEqual(dra_summary.nri_ms(nri), [12.5])
+        cni = ['time="2026-12-06T07:30:00.100000000Z" level=debug msg="begin cni setup" podsandboxid=ab',
+               'time="2026-12-06T07:30:00.100000000Z" level=debug msg="begin cni setup" podsandboxid=cd',
+               'time="2026-12-06T07:30:00.350000000Z" level=debug msg="cni result: {}" podsandboxid=ab']
+        self.assertEqual([round(ms) for ms in dra_summary.cni_add_ms(cni)], [250])
+
+    def test_each_pod_counts_once_from_its_first_ready_and_p99_of_few_is_the_largest(self):
+        import dra_summary
+        got = sorted(dra_summary.ready_s(100.0, ["a 101.5", "b 102.0", "a 103.0"]))
+        self.assertEqual(got, [1.5, 2.0])
+        self.assertEqual(dra_summary.pct([3, 1, 2, 4], 0.5), 2)
+        self.assertEqual(dra_summary.pct(list(range(1, 49)), 0.99), 48)
+
+    def test_devices_are_counted_over_the_drivers_slices_on_the_node(self):
+        import dra_summary
+        slices = {"items": [
+            {"spec": {"driver": "plexus.dev", "nodeName": "n1", "devices": [{}] * 128}},
+            {"spec": {"driver": "plexus.dev", "nodeName": "n1", "devices": [{}] * 32}},
+            {"spec": {"driver": "dra.net", "nodeName": "n1", "devices": [{}] * 5}},
+            {"spec": {"driver": "plexus.dev", "nodeName": "n2", "devices": [{}]}}]}
+        self.assertEqual(dra_summary.slice_devices(slices, "plexus.dev", "n1"), 160)
+
+    def test_a_sandbox_counts_from_containerds_request_to_its_id_returned(self):
+        import dra_summary
+        lines = ['time="2026-12-06T07:23:19.617388242Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p-0,Uid:79,Namespace:default,Attempt:0,}"',
+                 'time="2026-12-06T07:23:19.618Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p-1,Uid:06,Namespace:default,Attempt:0,}"',
+                 'time="2026-12-06T07:23:20.288388Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p-0,Uid:79,Namespace:default,Attempt:0,} returns sandbox id \\"f48f\\""']
+        self.assertEqual([round(ms) for ms in dra_summary.sandbox_ms(lines)], [671])
