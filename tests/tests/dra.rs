@@ -3,7 +3,9 @@
 //! ResourceSlice with their PCIe roots, a pod's claim for a GPU and two ports on the GPU's root
 //! prepared by the kubelet plugin, the ports attached and addressed by the meta-plugin, their
 //! `/dev/infiniband` nodes put in the container by CDI, the claim's status filled; deleting the
-//! pod returns everything.
+//! pod returns everything. A shared port's macvlans for two pods; the kubelet restarted, and
+//! plexus-daemon stopped with the kubelet's prepare lying unread on its socket, then killed: the
+//! claims prepared before are kept and the new one is prepared by the daemon's next life.
 //!
 //! This kernel has no RDMA: a fake sysfs makes four of the node's veth "RoCE ports" ConnectX
 //! functions with RDMA devices (two on each of two PCIe roots), and the device nodes are made with
@@ -15,7 +17,9 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+use nix::unistd::Pid;
 use plexus_tests::cluster::{Cluster, repo, wait_until};
 use serde_json::Value;
 
@@ -70,7 +74,7 @@ impl GpuDriver {
 
 impl Drop for GpuDriver {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::SIGTERM);
+        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGTERM);
         let _ = self.0.wait();
     }
 }
@@ -293,6 +297,33 @@ spec:
     c.wait_no_state_or_cache();
 }
 
+/// The PID of this cluster's plexus-daemon (its `--dra-claims-dir` is under the state dir).
+fn daemon_pid(state: &Path) -> Pid {
+    let mark = format!("--dra-claims-dir={}", state.join("dra-claims").display());
+    let mut found = None;
+    wait_until("plexus-daemon running", Duration::from_secs(120), || {
+        found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let daemon = args.first().is_some_and(|a| a.ends_with(b"plexus-daemon"));
+            (daemon && args.contains(&mark.as_bytes())).then(|| Pid::from_raw(pid))
+        });
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+/// Whether a request lies unread on unix socket `path` of the node (`ss`: a receive queue on it
+/// or on a connection accepted from it).
+fn unread(c: &Cluster, path: &Path) -> bool {
+    let out = Command::new("ip").args(["netns", "exec", c.var("NODE_NETNS"), "ss", "-xnH"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 4 && Path::new(f[4]) == path && f[2].parse::<u64>().is_ok_and(|q| q > 0)
+    })
+}
+
 /// A claim template of one port of `class`, its interface `net1` addressed from `range`.
 fn one_port(rig: &Rig, name: &str, class: &str, selector: Option<&str>, range: &str) -> String {
     let select = selector.map(|cel| format!(", selectors: [{{cel: {{expression: '{cel}'}}}}]")).unwrap_or_default();
@@ -313,7 +344,8 @@ spec:
 }
 
 #[test]
-fn a_shared_port_gives_two_pods_macvlans_and_claims_that_cannot_be_met_say_why() {
+fn a_shared_port_gives_pods_macvlans_through_a_kubelet_restart_and_a_plugin_killed_mid_prepare_and_unmet_claims_say_why()
+ {
     let rig = Rig::up(&["ens1f0np0"]);
     let c = &rig.c;
     let state = c.state().to_path_buf();
@@ -358,6 +390,22 @@ fn a_shared_port_gives_two_pods_macvlans_and_claims_that_cannot_be_met_say_why()
     assert_eq!(rig.claim_of("p3")["status"]["devices"][0]["conditions"][0]["status"], "True");
     c.delete("default", &["pod", "p3"]);
 
+    // plexus-daemon killed with a prepare in flight: stopped before a pod's claim is prepared, so
+    // the kubelet's NodePrepareResources lies unread on the plugin's socket, then killed. Its
+    // container comes back, the plugin registers again, the kubelet's retry prepares the claim,
+    // and the pod starts with its port.
+    let daemon = daemon_pid(&state);
+    kill(daemon, Signal::SIGSTOP).unwrap();
+    c.apply(&rig.pod("p4", "shared"));
+    let socket = state.join("kubelet/plugins/plexus.dev/dra.sock");
+    wait_until("the kubelet's prepare waiting on the stopped plugin", Duration::from_secs(90), || unread(c, &socket));
+    kill(daemon, Signal::SIGKILL).unwrap();
+    c.wait_ready("default", "pod/p4", "180s");
+    assert_ne!(daemon_pid(&state), daemon, "a new plexus-daemon");
+    let p4 = rig.claim_of("p4");
+    assert_eq!(p4["status"]["devices"][0]["conditions"][0]["status"], "True", "{p4}");
+    assert_eq!(c.pod_addrs("default", "p4").len(), 1, "{:?}", c.pod_addrs("default", "p4"));
+
     // Three exclusive ports on one PCIe root: no root has them; the pod stays Pending, saying why.
     c.apply(
         r#"apiVersion: resource.k8s.io/v1
@@ -397,7 +445,7 @@ spec:
     });
     assert!(c.node_ip(&["-o", "link"]).contains("ens4f0np0"), "nothing attached");
 
-    c.delete("default", &["pod", "p1", "p2", "too-many", "no-verbs"]);
+    c.delete("default", &["pod", "p1", "p2", "p4", "too-many", "no-verbs"]);
     wait_until("addresses released", Duration::from_secs(60), || c.reservations() == 0);
     wait_until("CDI specs and prepared claims removed", Duration::from_secs(60), || {
         let count = |d: &str| std::fs::read_dir(state.join(d)).map(|e| e.count()).unwrap_or(0);
