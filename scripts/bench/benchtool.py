@@ -13,6 +13,7 @@ test_benchtool.py, which the test command runs):
   fleet DIR NADS PODS LOCAL KIB    a fleet's namespaces, NADs and pods as kubectl List files
   image-index OCI_DIR VERSION BIN.. the multi-arch image archive holds these binaries and nothing else
 """
+import datetime
 import gzip
 import io
 import json
@@ -47,6 +48,30 @@ def check_network_status(status, prefix):
     for entry, subnet in zip(status[1:], ("198.18.200.", "198.18.201.")):
         if not entry.get("ips") or not entry["ips"][0].startswith(subnet):
             raise ValueError(f"{entry['name']}: {entry.get('ips')} not in {subnet}0/24")
+
+
+CNI_LINE = re.compile(r'time="([^"]+)".*msg="(begin cni setup|cni result)[^"]*".*podsandboxid=([0-9a-f]+)')
+
+
+def instant(text):
+    """A containerd or Kubernetes timestamp (nanoseconds cut to microseconds, for datetime)."""
+    text = re.sub(r"(\.\d{6})\d*", r"\1", text.replace("Z", "+00:00"))
+    return datetime.datetime.fromisoformat(text)
+
+
+def cni_add_ms(lines):
+    """Each sandbox's CNI ADD as containerd logs it at debug level: "begin cni setup" → "cni result"."""
+    begin, took = {}, []
+    for line in lines:
+        m = CNI_LINE.search(line)
+        if not m:
+            continue
+        when, what, sandbox = instant(m[1]), m[2], m[3]
+        if what == "begin cni setup":
+            begin[sandbox] = when
+        elif sandbox in begin:
+            took.append((when - begin.pop(sandbox)).total_seconds() * 1000)
+    return took
 
 
 def elapsed(t0, t1):

@@ -1,15 +1,10 @@
 #!/usr/bin/env python3
 """Summarises scripts/bench/cluster.sh's raw files (OUT/cluster-<stack>-<n>-*) into one JSON."""
-import collections, datetime, json, os, re, statistics, sys
+import collections, datetime, json, os, statistics, sys
+
+from benchtool import cni_add_ms as cni_add_ms_of, instant
 
 out, pods, nets = sys.argv[1], int(sys.argv[2]), [int(n) for n in sys.argv[3].split()]
-LINE = re.compile(r'time="([^"]+)".*msg="(begin cni setup|cni result)[^"]*".*podsandboxid=([0-9a-f]+)')
-
-
-def instant(text):
-    # containerd prints nanoseconds; datetime takes microseconds.
-    text = re.sub(r"(\.\d{6})\d*", r"\1", text.replace("Z", "+00:00"))
-    return datetime.datetime.fromisoformat(text)
 
 
 def pct(values, q):
@@ -22,17 +17,8 @@ def spread(values, unit):
 
 
 def cni_add_ms(path):
-    begin, took = {}, []
-    for line in open(path):
-        m = LINE.search(line)
-        if not m:
-            continue
-        when, what, sandbox = instant(m[1]), m[2], m[3]
-        if what == "begin cni setup":
-            begin[sandbox] = when
-        elif sandbox in begin:
-            took.append((when - begin.pop(sandbox)).total_seconds() * 1000)
-    return took
+    with open(path) as f:
+        return cni_add_ms_of(f)
 
 
 def ready_s(path):

@@ -5,10 +5,11 @@
   dra_summary.py summary OUT PODS NICS ROUNDS                 # OUT/<driver>-<round>.* -> JSON
   dra_summary.py table dra.json                               # the Markdown table
 """
-import datetime, json, os, re, sys
+import json, os, re, sys
+
+from benchtool import cni_add_ms, instant
 
 DRIVERS = ("plexus", "floor", "dranet")
-CNI = re.compile(r'time="([^"]+)".*msg="(begin cni setup|cni result)[^"]*".*podsandboxid=([0-9a-f]+)')
 # klog: "RunPodSandbox Pod default/dra-dranet-1-3 UID 1a2b... took 123.4ms"
 NRI = re.compile(r"RunPodSandbox Pod (\S+) UID \S+ took (\S+)$")
 UNITS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0, "h": 3600000.0}
@@ -20,26 +21,6 @@ def go_duration_ms(text):
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"not a Go duration: {text!r}")
     return sum(float(n) * UNITS[u] for n, u in parts)
-
-
-def instant(text):
-    # containerd prints nanoseconds; datetime takes microseconds.
-    text = re.sub(r"(\.\d{6})\d*", r"\1", text.replace("Z", "+00:00"))
-    return datetime.datetime.fromisoformat(text)
-
-
-def cni_add_ms(lines):
-    begin, took = {}, []
-    for line in lines:
-        m = CNI.search(line)
-        if not m:
-            continue
-        when, what, sandbox = instant(m[1]), m[2], m[3]
-        if what == "begin cni setup":
-            begin[sandbox] = when
-        elif sandbox in begin:
-            took.append((when - begin.pop(sandbox)).total_seconds() * 1000)
-    return took
 
 
 SANDBOX = re.compile(r'time="([^"]+)".*msg="RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),')

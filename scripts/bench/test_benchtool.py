@@ -215,3 +215,11 @@ class DraSummary(unittest.TestCase):
                  'time="2026-12-06T07:23:19.618Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p-1,Uid:06,Namespace:default,Attempt:0,}"',
                  'time="2026-12-06T07:23:20.288388Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p-0,Uid:79,Namespace:default,Attempt:0,} returns sandbox id \\"f48f\\""']
         self.assertEqual([round(ms) for ms in dra_summary.sandbox_ms(lines)], [671])
+
+
+class CniAdd(unittest.TestCase):
+    def test_each_sandbox_counts_from_begin_to_its_result_and_nanoseconds_are_read(self):
+        lines = ['time="2026-12-06T07:30:00.100000123Z" level=debug msg="begin cni setup" podsandboxid=ab',
+                 'time="2026-12-06T07:30:00.350000999Z" level=debug msg="cni result: {}" podsandboxid=ab',
+                 'time="2026-12-06T07:30:00.400000000Z" level=debug msg="cni result: {}" podsandboxid=cd']
+        self.assertEqual([round(ms) for ms in benchtool.cni_add_ms(lines)], [250])
