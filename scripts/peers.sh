@@ -135,12 +135,22 @@ share_module() {
   done
 }
 
+# The Go module and build caches (6 GB after a cold build) serve only a later build of a changed
+# module; the binaries are what the tests use. Removed after a build unless asked to keep them:
+# the test command ran out of disk on a CI machine with them. PLEXUS_PEERS_KEEP_GO_CACHES=1 keeps
+# them.
+clean_go_caches() {
+  [ "${PLEXUS_PEERS_KEEP_GO_CACHES:-0}" = 1 ] && return 0
+  go clean -cache -modcache
+  rm -rf "$GOCACHE" "$GOMODCACHE"
+}
+
 if [ $# -gt 0 ]; then
   [ -n "${bench_binaries[$1]:-}" ] || { echo "peers.sh: no benchmark peer $1 (${!bench_binaries[*]})" >&2; exit 2; }
   binaries[$1]=${bench_binaries[$1]}
-  build_module "$1"
-  [ "${PLEXUS_PEERS_KEEP_GO_CACHES:-0}" = 1 ] || { go clean -cache -modcache; rm -rf "$GOCACHE" "$GOMODCACHE"; }
-  echo "$cache/modules/$1-$(module_key "$1")"
+  dir=$cache/modules/$1-$(module_key "$1")
+  [ -f "$dir/.complete" ] || { build_module "$1"; clean_go_caches; }
+  echo "$dir"
   exit 0
 fi
 
@@ -160,11 +170,5 @@ mv "$share" "$cache/$key/share"
 touch "$partial/.complete"
 rm -rf "$bin"
 mv "$partial" "$bin"
-# The Go module and build caches (6 GB after a cold build) serve only a later build of a changed
-# module; the binaries are what the tests use. Removed unless asked to keep them: the test
-# command ran out of disk on a CI machine with them. PLEXUS_PEERS_KEEP_GO_CACHES=1 keeps them.
-if [ "${PLEXUS_PEERS_KEEP_GO_CACHES:-0}" != 1 ]; then
-  go clean -cache -modcache
-  rm -rf "$GOCACHE" "$GOMODCACHE"
-fi
+clean_go_caches
 echo "$bin"

@@ -50,7 +50,7 @@ def check_network_status(status, prefix):
             raise ValueError(f"{entry['name']}: {entry.get('ips')} not in {subnet}0/24")
 
 
-CNI_LINE = re.compile(r'time="([^"]+)".*msg="(begin cni setup|cni result)[^"]*".*podsandboxid=([0-9a-f]+)')
+CNI_LINE = re.compile(r'time="([^"]+)".*msg="(?:begin cni setup|cni result)[^"]*".*podsandboxid=([0-9a-f]+)')
 
 
 def instant(text):
@@ -59,19 +59,25 @@ def instant(text):
     return datetime.datetime.fromisoformat(text)
 
 
-def cni_add_ms(lines):
-    """Each sandbox's CNI ADD as containerd logs it at debug level: "begin cni setup" → "cni result"."""
+def spans_ms(lines, pattern, ends):
+    """Milliseconds from each key's first line to the line that ends it: `pattern` finds a line's
+    time and key (groups 1 and 2), `ends(line)` says the line ends its key's span."""
     begin, took = {}, []
     for line in lines:
-        m = CNI_LINE.search(line)
+        m = pattern.search(line)
         if not m:
             continue
-        when, what, sandbox = instant(m[1]), m[2], m[3]
-        if what == "begin cni setup":
-            begin[sandbox] = when
-        elif sandbox in begin:
-            took.append((when - begin.pop(sandbox)).total_seconds() * 1000)
+        when, key = instant(m[1]), m[2]
+        if not ends(line):
+            begin.setdefault(key, when)
+        elif key in begin:
+            took.append((when - begin.pop(key)).total_seconds() * 1000)
     return took
+
+
+def cni_add_ms(lines):
+    """Each sandbox's CNI ADD as containerd logs it at debug level: "begin cni setup" → "cni result"."""
+    return spans_ms(lines, CNI_LINE, lambda line: 'msg="cni result' in line)
 
 
 def elapsed(t0, t1):

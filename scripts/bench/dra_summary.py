@@ -7,7 +7,7 @@
 """
 import json, os, re, sys
 
-from benchtool import cni_add_ms, instant
+from benchtool import cni_add_ms, spans_ms
 
 DRIVERS = ("plexus", "floor", "dranet")
 # klog: "RunPodSandbox Pod default/dra-dranet-1-3 UID 1a2b... took 123.4ms"
@@ -28,17 +28,7 @@ SANDBOX = re.compile(r'time="([^"]+)".*msg="RunPodSandbox for &PodSandboxMetadat
 
 def sandbox_ms(lines):
     """Each pod's CRI RunPodSandbox, from the request to the sandbox's ID returned."""
-    begin, took = {}, []
-    for line in lines:
-        m = SANDBOX.search(line)
-        if not m:
-            continue
-        when, pod = instant(m[1]), m[2]
-        if "returns sandbox id" not in line:
-            begin.setdefault(pod, when)
-        elif pod in begin:
-            took.append((when - begin.pop(pod)).total_seconds() * 1000)
-    return took
+    return spans_ms(lines, SANDBOX, lambda line: "returns sandbox id" in line)
 
 
 def nri_ms(lines):

@@ -6,9 +6,8 @@
 //! scheduler uses the newest generation, once it has all of its slices); slices the pool no
 //! longer needs are deleted.
 
-use std::time::Duration;
-
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
