@@ -60,8 +60,15 @@ archive=$images/plexus-$arch-$key.tar
     mv "$work/image.tar" "$archive"
   fi
 ) 9> "$images/.lock"
-ip netns exec "$NODE_NETNS" "$PEERS_BIN/ctr" -a "$state/containerd.sock" -n k8s.io images import \
-  --platform "linux/$arch" "$archive" > /dev/null
+# Every node's containerd gets the image (`cluster.sh up --nodes N`: node K's files are in
+# $state/node-K, its network namespace $NODE_NETNS-nK).
+nodes=$(cat "$state/nodes" 2> /dev/null || echo 1)
+node_state() { if [ "$1" = 1 ]; then echo "$state"; else echo "$state/node-$1"; fi; }
+node_netns() { if [ "$1" = 1 ]; then echo "$NODE_NETNS"; else echo "$NODE_NETNS-n$1"; fi; }
+for k in $(seq "$nodes"); do
+  ip netns exec "$(node_netns "$k")" "$PEERS_BIN/ctr" -a "$(node_state "$k")/containerd.sock" -n k8s.io images import \
+    --platform "linux/$arch" "$archive" > /dev/null
+done
 
 socket=$state/run/plexus-daemon.sock
 journal=$state/run/network-status
@@ -115,11 +122,19 @@ patches:
 EOF
   kubectl apply -k "$work" > /dev/null
 fi
+# installed: the meta config and its kubeconfig on every node.
+installed() {
+  local k conf
+  for k in $(seq "$nodes"); do
+    conf=$(node_state "$k")/net.d
+    [ -f "$conf/00-plexus.conflist" ] && [ -f "$conf/plexus.d/plexus.kubeconfig" ] || return 1
+  done
+}
 for _ in $(seq 600); do
-  [ -f "$CNI_CONF_DIR/00-plexus.conflist" ] && [ -f "$CNI_CONF_DIR/plexus.d/plexus.kubeconfig" ] && break
+  installed && break
   sleep 0.2
 done
-[ -f "$CNI_CONF_DIR/00-plexus.conflist" ] || {
+installed || {
   echo "cluster-install.sh: the DaemonSet did not install plexus" >&2
   kubectl -n kube-system get pods -o wide >&2
   kubectl -n kube-system describe daemonset plexus >&2 || true

@@ -5,6 +5,14 @@
 # interfaces; images are built locally (no registry).
 #
 #   bash scripts/cluster.sh up     # prints KEY=value lines once the node is Ready
+#   bash scripts/cluster.sh up --nodes N
+#                                  # N nodes (1-9), each its own network and mount namespace,
+#                                  # containerd and kubelet, joined to node 1's control plane; the
+#                                  # fabric namespace bridges their k8s0 (mgmt) and each rail's
+#                                  # ports (rail1..rail8, MTU 9000). Node K prints NODE_NETNS_K,
+#                                  # NODE_NAME_K, NODE_STATE_K (its files; bound over the state
+#                                  # dir's paths inside its mount namespace, so one set of paths
+#                                  # — the chart's — serves every node)
 #   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
 #   PLEXUS_CLUSTER_SYSFS=DIR bash scripts/cluster.sh up
 #                                  # the CNI plugins read sysfs from DIR (PLEXUS_SYSFS_ROOT)
@@ -64,11 +72,32 @@ NODE_NETNS=plexus-k8s-node${slot:+-$slot}
 FABRIC_NETNS=plexus-k8s-fabric${slot:+-$slot}
 NODE_NAME=plexus-node
 ADDR=198.18.250.1
+# The apiserver's address (node 1's); ADDR, NODE_NETNS, NODE_NAME, POD_CIDR and nodedir describe
+# the node being worked on (node_ctx), node 1 unless `up --nodes N` adds more.
+API_ADDR=$ADDR
+NODE1_NETNS=$NODE_NETNS
+nodedir=$state
+NODES=1
 # Alpha features the tests use: DRA consumable capacity (plexus's shared RoCE ports, several
 # claims on one device), on in every component that reads it.
 FEATURE_GATES=DRAConsumableCapacity=true
 SERVICE_CIDR=198.19.250.0/24
 POD_CIDR=198.19.251.0/24
+
+# node_ctx K: the globals above for node K. Node 1 is today's node (its files at the top of the
+# state dir); node K > 1 has its own network and mount namespace and its files in
+# $state/node-K, bound over the same paths of the state dir inside its mount namespace — so one
+# set of paths (the chart's, the configs') serves every node.
+node_ctx() {
+  if [ "$1" = 1 ]; then
+    NODE_NETNS=$NODE1_NETNS NODE_NAME=plexus-node ADDR=$API_ADDR POD_CIDR=198.19.251.0/24 nodedir=$state
+  else
+    NODE_NETNS=$NODE1_NETNS-n$1 NODE_NAME=plexus-node-$1 ADDR=198.18.250.$1 POD_CIDR=198.19.$((250 + $1)).0/24
+    nodedir=$state/node-$1
+  fi
+}
+# The state dir's entries a node has its own of (bound in node K's mount namespace).
+NODE_DIRS="bin net.d containerd kubelet data devinfo run cdi dra-claims runc manifests pod-logs host-local nri"
 TEST_IMAGE=localhost/plexus-busybox:test
 PAUSE_IMAGE=localhost/plexus-pause:test
 # Made when a cluster made the host's /var/lib/kubelet/device-plugins (shared by all of them).
@@ -85,9 +114,9 @@ start() {
   shift
   # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroup mounts the kubelet
   # needs (/sys/fs/cgroup/*).
-  setsid nsenter --net="/run/netns/$NODE_NETNS" --mount="$state/mnt" -- "$@" \
-    >> "$state/log/$name.log" 2>&1 < /dev/null &
-  echo $! > "$state/pids/$name"
+  setsid nsenter --net="/run/netns/$NODE_NETNS" --mount="$nodedir/mnt" -- "$@" \
+    >> "$nodedir/log/$name.log" 2>&1 < /dev/null &
+  echo $! > "$nodedir/pids/$name"
 }
 
 # wait_for NAME SECONDS CMD...: until CMD succeeds, asked five times a second.
@@ -99,7 +128,7 @@ wait_for() {
     sleep 0.2
   done
   log "$what did not come up; its log:"
-  tail -20 "$state/log/$what.log" >&2 || true
+  tail -20 "$nodedir/log/$what.log" >&2 || true
   return 1
 }
 
@@ -113,7 +142,7 @@ daemon() {
       ;;
     kube-apiserver)
       start kube-apiserver "$PEERS_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
-        --advertise-address "$ADDR" --secure-port 6443 --tls-cert-file "$state/pki/apiserver.crt" \
+        --advertise-address "$API_ADDR" --secure-port 6443 --tls-cert-file "$state/pki/apiserver.crt" \
         --tls-private-key-file "$state/pki/apiserver.key" --client-ca-file "$state/pki/ca.crt" \
         --token-auth-file "$state/pki/tokens.csv" --service-account-issuer https://kubernetes.default.svc \
         --service-account-key-file "$state/pki/sa.pub" --service-account-signing-key-file "$state/pki/sa.key" \
@@ -141,14 +170,14 @@ daemon() {
       local sysfs=()
       [ -s "$state/sysfs-root" ] && sysfs=(PLEXUS_SYSFS_ROOT="$(cat "$state/sysfs-root")")
       start containerd env PATH="$PEERS_BIN:$PATH" PLEXUS_POLICY="$state/policy.json" "${sysfs[@]}" \
-        "$PEERS_BIN/containerd" --config "$state/containerd.toml"
-      wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" version
+        "$PEERS_BIN/containerd" --config "$nodedir/containerd.toml"
+      wait_for containerd 60 in_node "$PEERS_BIN/ctr" -a "$nodedir/containerd.sock" version
       ;;
     kubelet)
       local extra=()
       # Extra kubelet flags a test asks for (e.g. a feature gate), one per line.
-      [ -s "$state/kubelet-flags" ] && mapfile -t extra < "$state/kubelet-flags"
-      start kubelet "$PEERS_BIN/kubelet" --config "$state/kubelet.yaml" --kubeconfig "$state/kubelet.kubeconfig" \
+      [ -s "$nodedir/kubelet-flags" ] && mapfile -t extra < "$nodedir/kubelet-flags"
+      start kubelet "$PEERS_BIN/kubelet" --config "$nodedir/kubelet.yaml" --kubeconfig "$nodedir/kubelet.kubeconfig" \
         --hostname-override "$NODE_NAME" --node-ip "$ADDR" --root-dir "$state/kubelet" \
         --cert-dir "$state/kubelet/pki" "${extra[@]}"
       wait_for kubelet 120 in_node busybox wget -q -O /dev/null http://127.0.0.1:10248/healthz
@@ -162,7 +191,7 @@ daemon() {
 
 # halt NAME: SIGTERM to a daemon's session, waited for (SIGKILL after 30 s).
 halt() {
-  local f=$state/pids/$1 pid
+  local f=$nodedir/pids/$1 pid
   [ -f "$f" ] || { log "$1 is not running"; return 1; }
   pid=$(cat "$f")
   kill -TERM -- "-$pid" 2> /dev/null || true
@@ -175,9 +204,12 @@ halt() {
 }
 
 down() {
-  for f in kubelet containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
-    if [ -f "$state/pids/$f" ]; then
-      pid=$(cat "$state/pids/$f")
+  local f pid alive root c ns
+  # The other nodes' daemons first (they are each node's kubelet and containerd), then node 1's.
+  for f in "$state"/node-*/pids/kubelet "$state"/node-*/pids/containerd \
+    "$state"/pids/{kubelet,containerd,kube-scheduler,kube-controller-manager,kube-apiserver,etcd}; do
+    if [ -f "$f" ]; then
+      pid=$(cat "$f")
       # The recorded PID is setsid's child chain's leader: end its whole session.
       kill -TERM -- "-$pid" 2> /dev/null || kill -TERM "$pid" 2> /dev/null || true
     fi
@@ -185,18 +217,19 @@ down() {
   # A second for them to end, then whatever is left is killed.
   for _ in $(seq 10); do
     alive=0
-    for f in "$state"/pids/*; do
+    for f in "$state"/pids/* "$state"/node-*/pids/*; do
       [ -f "$f" ] && kill -0 -- "-$(cat "$f")" 2> /dev/null && alive=1
     done
     [ "$alive" = 0 ] && break
     sleep 0.1
   done
-  for f in "$state"/pids/*; do
+  for f in "$state"/pids/* "$state"/node-*/pids/*; do
     [ -f "$f" ] && { kill -KILL -- "-$(cat "$f")" 2> /dev/null || true; }
   done
   # Containers and shims started by this containerd live in their own sessions.
-  # (containerd puts each of its namespaces under the runc root: $state/runc/k8s.io.)
-  for root in "$state"/runc/*/; do
+  # (containerd puts each of its namespaces under the runc root: $state/runc/k8s.io; node K's is
+  # $state/node-K/runc/k8s.io.)
+  for root in "$state"/runc/*/ "$state"/node-*/runc/*/; do
     [ -d "$root" ] || continue
     for c in $(runc --root "$root" list -q 2> /dev/null); do
       runc --root "$root" kill "$c" KILL 2> /dev/null || true
@@ -204,7 +237,9 @@ down() {
     done
   done
   pkill -KILL -f "containerd-shim-runc-v2 .*-address $state/" 2> /dev/null || true
-  ip netns del "$NODE_NETNS" 2> /dev/null || true
+  for ns in "$NODE1_NETNS" $(ip netns list | awk -v p="$NODE1_NETNS-n" 'index($1, p) == 1 {print $1}'); do
+    ip netns del "$ns" 2> /dev/null || true
+  done
   ip netns del "$FABRIC_NETNS" 2> /dev/null || true
   # The host's mount point for the device manager's directory goes with the last cluster (each
   # makes its namespaces before it needs the directory).
@@ -226,7 +261,7 @@ certs() {
   openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout "$d/apiserver.key" \
     -out "$d/apiserver.csr" 2> /dev/null
   printf 'subjectAltName=IP:127.0.0.1,IP:%s,IP:%s,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\n' \
-    "$ADDR" "${SERVICE_CIDR%.0/24}.1" > "$d/san.ext"
+    "$API_ADDR" "${SERVICE_CIDR%.0/24}.1" > "$d/san.ext"
   openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
     -extfile "$d/san.ext" -out "$d/apiserver.crt" 2> /dev/null
   # The apiserver's client certificate towards the kubelet (logs, exec).
@@ -237,11 +272,16 @@ certs() {
   openssl genrsa -out "$d/sa.key" 2048 2> /dev/null
   openssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub" 2> /dev/null
   ADMIN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  NODE_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  {
-    echo "$ADMIN_TOKEN,admin,admin,system:masters"
-    echo "$NODE_TOKEN,system:node:$NODE_NAME,node,system:nodes"
-  } > "$d/tokens.csv"
+  echo "$ADMIN_TOKEN,admin,admin,system:masters" > "$d/tokens.csv"
+  local k token
+  for k in $(seq "$NODES"); do
+    node_ctx "$k"
+    token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    echo "$token,system:node:$NODE_NAME,node,system:nodes" >> "$d/tokens.csv"
+    mkdir -p "$nodedir"
+    kubeconfig "$nodedir/kubelet.kubeconfig" "$token"
+  done
+  node_ctx 1
   chmod 600 "$d"/*.key "$d/tokens.csv"
 }
 
@@ -251,7 +291,7 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: plexus
-  cluster: {server: "https://$ADDR:6443", certificate-authority: "$state/pki/ca.crt"}
+  cluster: {server: "https://$API_ADDR:6443", certificate-authority: "$state/pki/ca.crt"}
 users:
 - name: user
   user: {token: "$2"}
@@ -263,7 +303,17 @@ EOF
   chmod 600 "$1"
 }
 
+# images: the sandbox and test images imported into the current node's containerd (built once,
+# kept in $state/images until `up` ends).
 images() {
+  local img
+  [ -f "$state/images/test.tar" ] || build_images
+  for img in pause test; do
+    in_node "$PEERS_BIN/ctr" -a "$nodedir/containerd.sock" -n k8s.io images import "$state/images/$img.tar" > /dev/null
+  done
+}
+
+build_images() {
   local r=$state/rootfs
   mkdir -p "$r/bin" "$r/dev" "$r/proc" "$r/sys" "$r/etc"
   cp /bin/busybox "$r/bin/busybox"
@@ -274,42 +324,29 @@ images() {
   podman "${store[@]}" import -q --change 'CMD ["/bin/sh", "-c", "trap \"exit 0\" TERM INT; while :; do sleep 3600 & wait; done"]' \
     "$state/rootfs.tar" "$PAUSE_IMAGE" > /dev/null
   podman "${store[@]}" import -q --change 'CMD ["/bin/sh"]' "$state/rootfs.tar" "$TEST_IMAGE" > /dev/null
-  for img in "$PAUSE_IMAGE" "$TEST_IMAGE"; do
-    rm -f "$state/image.tar"
-    podman "${store[@]}" save -q --format docker-archive -o "$state/image.tar" "$img" > /dev/null
-    in_node "$PEERS_BIN/ctr" -a "$state/containerd.sock" -n k8s.io images import "$state/image.tar" > /dev/null
-  done
-  rm -rf "$state/podman" "$state/rootfs" "$state/rootfs.tar" "$state/image.tar"
+  mkdir -p "$state/images"
+  podman "${store[@]}" save -q --format docker-archive -o "$state/images/pause.tar" "$PAUSE_IMAGE" > /dev/null
+  podman "${store[@]}" save -q --format docker-archive -o "$state/images/test.tar" "$TEST_IMAGE" > /dev/null
+  rm -rf "$state/podman" "$state/rootfs" "$state/rootfs.tar"
 }
 
 up() {
   [ "$(id -u)" = 0 ] || { log "run as root"; exit 1; }
+  [ "${1:-}" = --nodes ] && NODES=${2:?--nodes N}
+  [[ "$NODES" =~ ^[1-9]$ ]] || { log "--nodes: 1 to 9"; exit 2; }
   need_packages runc podman busybox-static openssl iproute2 util-linux
   PEERS_BIN=$(bash scripts/peers.sh)
   down
   mkdir -p "$state"/{pids,log,net.d,bin,etcd,containerd,kubelet,cdi}
   chmod 700 "$state"
-  # The node's mount namespace, kept at $state/mnt (its parent mount must be private), with
-  # shared propagation inside: the host's mounts are never changed.
+  echo "$NODES" > "$state/nodes"
+  # Each node's mount namespace, kept at $state/mnt (node K: $state/node-K/mnt; their parent mount
+  # must be private), with shared propagation inside: the host's mounts are never changed.
   mount --bind "$state" "$state"
   mount --make-private "$state"
-  touch "$state/mnt"
-  unshare --mount="$state/mnt" --propagation shared true
-
-  log "network namespaces: $NODE_NETNS (node) and $FABRIC_NETNS"
-  ip netns add "$NODE_NETNS"
   ip netns add "$FABRIC_NETNS"
-  ip -n "$NODE_NETNS" link set lo up
-  ip -n "$NODE_NETNS" link add k8s0 type veth peer name k8s0 netns "$FABRIC_NETNS"
-  ip -n "$NODE_NETNS" addr add "$ADDR/24" dev k8s0
-  ip -n "$NODE_NETNS" link set k8s0 up
-  ip -n "$FABRIC_NETNS" link set k8s0 up
-  ip -n "$NODE_NETNS" route add default dev k8s0
-  for port in ens{1..8}f0np0; do
-    ip -n "$NODE_NETNS" link add "$port" mtu 9000 type veth peer name "$port" netns "$FABRIC_NETNS" mtu 9000
-    ip -n "$NODE_NETNS" link set "$port" up
-    ip -n "$FABRIC_NETNS" link set "$port" up
-  done
+  for k in $(seq "$NODES"); do node_namespaces "$k"; done
+  node_ctx 1
 
   echo "$PEERS_BIN" > "$state/peers-bin"
   # A fake sysfs for the CNI plugins (PLEXUS_SYSFS_ROOT), when the caller gives one: this kernel
@@ -330,7 +367,6 @@ rules:
 - level: None
 EOF
   kubeconfig "$state/admin.kubeconfig" "$ADMIN_TOKEN"
-  kubeconfig "$state/kubelet.kubeconfig" "$NODE_TOKEN"
 
   log "etcd"
   daemon etcd
@@ -339,103 +375,21 @@ EOF
   daemon kube-apiserver
   # No kube-proxy: the kubernetes service's address (what in-cluster clients get in
   # KUBERNETES_SERVICE_HOST) is translated to the apiserver in the node namespace, as kube-proxy would.
-  in_node iptables -t nat -A OUTPUT -d "${SERVICE_CIDR%.0/24}.1" -p tcp --dport 443 -j DNAT --to-destination "$ADDR:6443"
+  in_node iptables -t nat -A OUTPUT -d "${SERVICE_CIDR%.0/24}.1" -p tcp --dport 443 -j DNAT --to-destination "$API_ADDR:6443"
 
   log "kube-controller-manager, kube-scheduler"
   daemon kube-controller-manager
   daemon kube-scheduler
 
-  log "containerd"
-  nri_config() {
-    if [ "${PLEXUS_CLUSTER_NRI:-}" = 1 ]; then
-      mkdir -p "$state/nri/plugins" "$state/nri/conf.d"
-      printf '  disable = false\n  socket_path = "%s"\n  plugin_path = "%s"\n  plugin_config_path = "%s"' \
-        "$state/nri/nri.sock" "$state/nri/plugins" "$state/nri/conf.d"
-    else
-      printf '  disable = true'
-    fi
-  }
-  cp "$PEERS_BIN"/{loopback,bridge,host-local} "$state/bin/"
-  cat > "$state/containerd.toml" << EOF
-version = 3
-root = "$state/containerd/root"
-state = "$state/containerd/state"
-[grpc]
-  address = "$state/containerd.sock"
-[debug]
-  level = "debug"
-[ttrpc]
-  address = "$state/containerd-ttrpc.sock"
-[plugins.'io.containerd.nri.v1.nri']
-$(nri_config)
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  enable_cdi = true
-  cdi_spec_dirs = ["$state/cdi"]
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dir = "$state/bin"
-  conf_dir = "$state/net.d"
-  max_conf_num = 1
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = "$PAUSE_IMAGE"
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-  BinaryName = "/usr/bin/runc"
-  Root = "$state/runc"
-EOF
-  # The bootstrap cluster network (replaced when plexus is installed): a bridge on the pod range.
-  cat > "$state/net.d/10-bootstrap.conflist" << EOF
-{"cniVersion": "1.0.0", "name": "bootstrap", "plugins": [
-  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$state/host-local"}},
-  {"type": "loopback"}]}
-EOF
-  # plexus's node policy for this node: no allow-lists; its data and device-info files under the
-  # cluster's state dir.
-  printf '{"dataRoots": ["%s"], "deviceInfoDir": "%s"}\n' "$state/data" "$state/devinfo" > "$state/policy.json"
-  chmod 600 "$state/policy.json"
-  mkdir -p "$state/data"
-  daemon containerd
-  images
-
-  log "kubelet"
-  # The kubelet's device manager keeps its socket and checkpoint at a fixed path, not under
-  # --root-dir: in the node's mount namespace /var/lib/kubelet/device-plugins is
-  # $state/kubelet/device-plugins (device plugins register there). The mount point is made on the
-  # host only when missing, and removed by `down` then.
-  if [ ! -d /var/lib/kubelet/device-plugins ]; then
-    mkdir -p /var/lib/kubelet/device-plugins
-    touch "$made_kubelet_dir"
-  fi
-  mkdir -p "$state/kubelet/device-plugins"
-  nsenter --mount="$state/mnt" mount --bind "$state/kubelet/device-plugins" /var/lib/kubelet/device-plugins
-  cat > "$state/kubelet.yaml" << EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-containerRuntimeEndpoint: unix://$state/containerd.sock
-cgroupDriver: cgroupfs
-failCgroupV1: false
-cgroupsPerQOS: false
-enforceNodeAllocatable: []
-failSwapOn: false
-imageGCHighThresholdPercent: 100
-evictionHard: {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"}
-authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: "$state/pki/ca.crt"}}
-authorization: {mode: AlwaysAllow}
-clusterDomain: cluster.local
-podCIDR: $POD_CIDR
-staticPodPath: "$state/manifests"
-podLogsDir: "$state/pod-logs"
-featureGates: {DRAConsumableCapacity: true}
-EOF
-  mkdir -p "$state/manifests"
-  daemon kubelet
+  for k in $(seq "$NODES"); do
+    node_ctx "$k"
+    node_up
+  done
+  node_ctx 1
   kubectl=("$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig")
-  wait_for kubelet 180 in_node "${kubectl[@]}" wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
   # Pods need their namespace's service account, which the controller-manager creates.
   wait_for kube-controller-manager 60 in_node "${kubectl[@]}" -n default get serviceaccount default
+  rm -rf "$state/images"
 
   log "CRDs: NetworkAttachmentDefinition and whereabouts'"
   in_node "${kubectl[@]}" apply -f deploy/helm/plexus/crds/network-attachment-definitions.yaml > /dev/null
@@ -457,6 +411,154 @@ CLUSTER_NETWORK=$state/net.d/10-bootstrap.conflist
 TEST_IMAGE=$TEST_IMAGE
 PEERS_BIN=$PEERS_BIN
 EOF
+  for k in $(seq 2 "$NODES"); do
+    node_ctx "$k"
+    printf 'NODE_NETNS_%s=%s\nNODE_NAME_%s=%s\nNODE_STATE_%s=%s\n' "$k" "$NODE_NETNS" "$k" "$NODE_NAME" "$k" "$nodedir"
+  done
+}
+
+# node_namespaces K: node K's network namespace (k8s0 on the management segment, its eight RoCE
+# ports) and mount namespace. With more than one node, the fabric namespace joins them: a bridge
+# `mgmt` for every node's k8s0, and a bridge per rail (MTU 9000) for every node's port of that rail.
+node_namespaces() {
+  local k=$1 port i peer d
+  node_ctx "$k"
+  log "network namespace $NODE_NETNS (node $NODE_NAME)"
+  mkdir -p "$nodedir"/{pids,log}
+  touch "$nodedir/mnt"
+  unshare --mount="$nodedir/mnt" --propagation shared true
+  ip netns add "$NODE_NETNS"
+  ip -n "$NODE_NETNS" link set lo up
+  peer=k8s0
+  [ "$k" = 1 ] || peer=n$k-k8s0
+  ip -n "$NODE_NETNS" link add k8s0 type veth peer name "$peer" netns "$FABRIC_NETNS"
+  ip -n "$NODE_NETNS" addr add "$ADDR/24" dev k8s0
+  ip -n "$NODE_NETNS" link set k8s0 up
+  ip -n "$FABRIC_NETNS" link set "$peer" up
+  ip -n "$NODE_NETNS" route add default dev k8s0
+  if [ "$NODES" -gt 1 ]; then
+    ip -n "$FABRIC_NETNS" link show mgmt > /dev/null 2>&1 || {
+      ip -n "$FABRIC_NETNS" link add mgmt type bridge
+      ip -n "$FABRIC_NETNS" link set mgmt up
+    }
+    ip -n "$FABRIC_NETNS" link set "$peer" master mgmt
+  fi
+  for i in $(seq 8); do
+    port=ens${i}f0np0 peer=ens${i}f0np0
+    [ "$k" = 1 ] || peer=n${k}r$i
+    ip -n "$NODE_NETNS" link add "$port" mtu 9000 type veth peer name "$peer" netns "$FABRIC_NETNS" mtu 9000
+    ip -n "$NODE_NETNS" link set "$port" up
+    ip -n "$FABRIC_NETNS" link set "$peer" up
+    if [ "$NODES" -gt 1 ]; then
+      ip -n "$FABRIC_NETNS" link show "rail$i" > /dev/null 2>&1 || {
+        ip -n "$FABRIC_NETNS" link add "rail$i" mtu 9000 type bridge
+        ip -n "$FABRIC_NETNS" link set "rail$i" up
+      }
+      ip -n "$FABRIC_NETNS" link set "$peer" master "rail$i"
+    fi
+  done
+  if [ "$k" != 1 ]; then
+    # Node K's own entries of the state dir, bound over node 1's paths in its mount namespace.
+    for d in $NODE_DIRS; do
+      mkdir -p "$state/$d" "$nodedir/$d"
+      nsenter --mount="$nodedir/mnt" mount --bind "$nodedir/$d" "$state/$d"
+    done
+  fi
+}
+
+# node_up: the current node's containerd (with the images) and kubelet, until the node is Ready.
+node_up() {
+  log "containerd ($NODE_NAME)"
+  nri_config() {
+    if [ "${PLEXUS_CLUSTER_NRI:-}" = 1 ]; then
+      mkdir -p "$state/nri/plugins" "$state/nri/conf.d"
+      printf '  disable = false\n  socket_path = "%s"\n  plugin_path = "%s"\n  plugin_config_path = "%s"' \
+        "$state/nri/nri.sock" "$state/nri/plugins" "$state/nri/conf.d"
+    else
+      printf '  disable = true'
+    fi
+  }
+  cp "$PEERS_BIN"/{loopback,bridge,host-local} "$nodedir/bin/"
+  cat > "$nodedir/containerd.toml" << EOF
+version = 3
+root = "$state/containerd/root"
+state = "$state/containerd/state"
+[grpc]
+  address = "$nodedir/containerd.sock"
+[debug]
+  level = "debug"
+[ttrpc]
+  address = "$nodedir/containerd-ttrpc.sock"
+[plugins.'io.containerd.nri.v1.nri']
+$(nri_config)
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  enable_cdi = true
+  cdi_spec_dirs = ["$state/cdi"]
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dir = "$state/bin"
+  conf_dir = "$state/net.d"
+  max_conf_num = 1
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "$PAUSE_IMAGE"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = "/usr/bin/runc"
+  Root = "$state/runc"
+EOF
+  # The bootstrap cluster network (replaced when plexus is installed): a bridge on the pod range.
+  cat > "$nodedir/net.d/10-bootstrap.conflist" << EOF
+{"cniVersion": "1.0.0", "name": "bootstrap", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$state/host-local"}},
+  {"type": "loopback"}]}
+EOF
+  # plexus's node policy for this node: no allow-lists; its data and device-info files under the
+  # cluster's state dir.
+  printf '{"dataRoots": ["%s"], "deviceInfoDir": "%s"}\n' "$state/data" "$state/devinfo" > "$state/policy.json"
+  chmod 600 "$state/policy.json"
+  mkdir -p "$nodedir/data"
+  daemon containerd
+  images
+
+  log "kubelet ($NODE_NAME)"
+  # The kubelet's device manager keeps its socket and checkpoint at a fixed path, not under
+  # --root-dir: in the node's mount namespace /var/lib/kubelet/device-plugins is
+  # $state/kubelet/device-plugins (device plugins register there). The mount point is made on the
+  # host only when missing, and removed by `down` then.
+  if [ ! -d /var/lib/kubelet/device-plugins ]; then
+    mkdir -p /var/lib/kubelet/device-plugins
+    touch "$made_kubelet_dir"
+  fi
+  mkdir -p "$nodedir/kubelet/device-plugins"
+  nsenter --mount="$nodedir/mnt" mount --bind "$nodedir/kubelet/device-plugins" /var/lib/kubelet/device-plugins
+  cat > "$nodedir/kubelet.yaml" << EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://$nodedir/containerd.sock
+cgroupDriver: cgroupfs
+failCgroupV1: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+imageGCHighThresholdPercent: 100
+evictionHard: {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"}
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: "$state/pki/ca.crt"}}
+authorization: {mode: AlwaysAllow}
+clusterDomain: cluster.local
+podCIDR: $POD_CIDR
+staticPodPath: "$state/manifests"
+podLogsDir: "$state/pod-logs"
+featureGates: {DRAConsumableCapacity: true}
+EOF
+  mkdir -p "$nodedir/manifests"
+  daemon kubelet
+  [ "$nodedir" = "$state" ] || in_node iptables -t nat -A OUTPUT -d "${SERVICE_CIDR%.0/24}.1" -p tcp --dport 443 \
+    -j DNAT --to-destination "$API_ADDR:6443"
+  wait_for kubelet 180 in_node "$PEERS_BIN/kubectl" --kubeconfig "$state/admin.kubeconfig" wait \
+    --for=condition=Ready "node/$NODE_NAME" --timeout=1s
 }
 
 # For stop/start/restart: the peers `up` used.
@@ -466,7 +568,7 @@ peers_of_up() {
 }
 
 case "${1:-}" in
-  up) up ;;
+  up) shift; up "$@" ;;
   down) down ;;
   stop) peers_of_up; halt "${2:?daemon name}" ;;
   start) peers_of_up; daemon "${2:?daemon name}" ;;
