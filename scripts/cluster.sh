@@ -19,12 +19,14 @@
 #   PLEXUS_CLUSTER_NRI=1 bash scripts/cluster.sh up
 #                                  # containerd with NRI on, its socket $state/nri/nri.sock
 #                                  # (for dranet: scripts/bench/dra.sh)
-#   bash scripts/cluster.sh stop|start|restart DAEMON   (the kubelet takes extra flags from
-#                                  # $state/kubelet-flags, one per line, when it starts)
+#   bash scripts/cluster.sh stop|start|restart|kill DAEMON [--node K]
 #                                  # one daemon (etcd, kube-apiserver, kube-controller-manager,
-#                                  # kube-scheduler, containerd, kubelet) stopped (SIGTERM, waited
-#                                  # for) or started again with the same flags; `start` waits until
-#                                  # it answers. Pods and their shims keep running meanwhile.
+#                                  # kube-scheduler, containerd, kubelet; node K's containerd or
+#                                  # kubelet with --node K) stopped (SIGTERM, waited for), killed
+#                                  # (SIGKILL: a node lost) or started again with the same flags;
+#                                  # `start` waits until it answers. Pods and their shims keep
+#                                  # running meanwhile. The kubelet takes extra flags from
+#                                  # kubelet-flags in its node's files, one per line, when it starts.
 #
 # Pitfalls met, and what this script does about them:
 # - kube-apiserver refuses a loopback advertise address, and this kernel has no dummy links: the
@@ -113,8 +115,11 @@ start() {
   local name=$1
   shift
   # nsenter, not `ip netns exec`: that remounts /sys, which hides the cgroup mounts the kubelet
-  # needs (/sys/fs/cgroup/*).
-  setsid nsenter --net="/run/netns/$NODE_NETNS" --mount="$nodedir/mnt" -- "$@" \
+  # needs (/sys/fs/cgroup/*). Node K > 1's daemons (and the CNI plugins containerd runs) have a
+  # UTS namespace whose host name is the node's: plugins name their node after their host.
+  local uts=()
+  [ "$nodedir" = "$state" ] || uts=(unshare --uts -- sh -c 'echo "$0" > /proc/sys/kernel/hostname && exec "$@"' "$NODE_NAME")
+  setsid nsenter --net="/run/netns/$NODE_NETNS" --mount="$nodedir/mnt" -- "${uts[@]}" "$@" \
     >> "$nodedir/log/$name.log" 2>&1 < /dev/null &
   echo $! > "$nodedir/pids/$name"
 }
@@ -189,12 +194,12 @@ daemon() {
   esac
 }
 
-# halt NAME: SIGTERM to a daemon's session, waited for (SIGKILL after 30 s).
+# halt NAME [SIGNAL]: SIGTERM (or SIGNAL) to a daemon's session, waited for (SIGKILL after 30 s).
 halt() {
   local f=$nodedir/pids/$1 pid
   [ -f "$f" ] || { log "$1 is not running"; return 1; }
   pid=$(cat "$f")
-  kill -TERM -- "-$pid" 2> /dev/null || true
+  kill "-${2:-TERM}" -- "-$pid" 2> /dev/null || true
   for _ in $(seq 300); do
     kill -0 "$pid" 2> /dev/null || break
     sleep 0.1
@@ -561,20 +566,26 @@ EOF
     --for=condition=Ready "node/$NODE_NAME" --timeout=1s
 }
 
-# For stop/start/restart: the peers `up` used.
-peers_of_up() {
+# For stop/start/restart/kill DAEMON [--node K]: the peers `up` used, and node K's context.
+of_up() {
   [ -f "$state/peers-bin" ] || { log "no cluster is up"; exit 1; }
   PEERS_BIN=$(cat "$state/peers-bin")
+  NODES=$(cat "$state/nodes")
+  local k=1
+  [ "${1:-}" = --node ] && k=${2:?--node K}
+  [[ "$k" =~ ^[1-9]$ ]] && [ "$k" -le "$NODES" ] || { log "--node $k: the cluster has $NODES node(s)"; exit 2; }
+  node_ctx "$k"
 }
 
 case "${1:-}" in
   up) shift; up "$@" ;;
   down) down ;;
-  stop) peers_of_up; halt "${2:?daemon name}" ;;
-  start) peers_of_up; daemon "${2:?daemon name}" ;;
-  restart) peers_of_up; halt "${2:?daemon name}"; daemon "$2" ;;
+  stop) of_up "${@:3}"; halt "${2:?daemon name}" ;;
+  kill) of_up "${@:3}"; halt "${2:?daemon name}" KILL ;;
+  start) of_up "${@:3}"; daemon "${2:?daemon name}" ;;
+  restart) of_up "${@:3}"; halt "${2:?daemon name}"; daemon "$2" ;;
   *)
-    echo "usage: bash scripts/cluster.sh up|down|stop DAEMON|start DAEMON|restart DAEMON" >&2
+    echo "usage: bash scripts/cluster.sh up [--nodes N]|down|stop|start|restart|kill DAEMON [--node K]" >&2
     exit 2
     ;;
 esac

@@ -18,9 +18,10 @@ fi
 #   etcd-server etcd-client      a real etcd (and etcdctl) for the cluster-wide IPAM store tests
 #   podman runc containerd busybox-static tar   real runtimes driving plexus (a busybox image made locally)
 #   openssl iptables util-linux  the real Kubernetes node (certificates, the service address, nsenter/unshare)
+#   iperf3 iputils-ping          traffic between two nodes' pods (a TCP transfer; ping with don't-fragment)
 #   gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils   the arm64 build and its run under qemu
 packages=(containernetworking-plugins iproute2 procps protobuf-compiler libprotobuf-dev etcd-server etcd-client
-          podman runc containerd busybox-static tar openssl iptables util-linux
+          podman runc containerd busybox-static tar openssl iptables util-linux iperf3 iputils-ping
           gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils python3)
 # Each step's time, printed at the end (docs/CONTRIBUTING.md keeps the breakdown).
 times=()

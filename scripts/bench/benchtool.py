@@ -75,6 +75,12 @@ def spans_ms(lines, pattern, ends):
     return took
 
 
+def pct(values, q):
+    """The q-quantile by nearest rank (P99 of fewer than 100 values is the largest)."""
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, -(-int(q * 1000) * len(values) // 1000) - 1))]
+
+
 def cni_add_ms(lines):
     """Each sandbox's CNI ADD as containerd logs it at debug level: "begin cni setup" → "cni result"."""
     return spans_ms(lines, CNI_LINE, lambda line: 'msg="cni result' in line)

@@ -4,7 +4,7 @@
 Prints one JSON object: wall time and throughput of each phase, per-operation median, and how
 many distinct addresses the ADDs returned (a duplicate shows as distinct < N).
 
-  cni_load.py --plugin BIN --conf FILE[,FILE...] --count 512 --clients 16 [--netns PATH] [--phase add|del|both] [--pods]
+  cni_load.py --plugin BIN --conf FILE[,FILE...] --count 512 --clients 16 [--netns PATH] [--phase add|del|both] [--pods] [--latencies]
 Several --conf files are used round-robin (e.g. one per simulated node).
 """
 import argparse, json, os, statistics, subprocess, sys, time
@@ -20,6 +20,7 @@ p.add_argument("--prefix", default="load")
 p.add_argument("--phase", default="both", choices=["add", "del", "both"])
 p.add_argument("--pods", action="store_true", help="name a pod per ADD in CNI_ARGS (K8S_POD_NAMESPACE/NAME), as kubelet does")
 p.add_argument("--retries", type=int, default=0, help="a failed ADD is DELeted and tried again (as kubelet does), at most this often")
+p.add_argument("--latencies", action="store_true", help="also each phase's start and end (epoch s) and every operation's ms, to merge runs on several nodes")
 a = p.parse_args()
 confs = [open(f, "rb").read() for f in a.conf.split(",")]
 path = os.path.dirname(os.path.abspath(a.plugin)) + ":/usr/lib/cni"
@@ -45,20 +46,25 @@ def call(verb, i):
     return dt, addr
 
 def phase(verb):
-    t = time.perf_counter()
+    t, start = time.perf_counter(), time.time()
     with ThreadPoolExecutor(a.clients) as ex:
         out = list(ex.map(lambda i: call(verb, i), range(a.count)))
     wall = time.perf_counter() - t
     lat = [d for d, _ in out]
-    return {"seconds": round(wall, 3), "ops_per_s": round(a.count / wall, 1),
-            "median_ms": round(statistics.median(lat) * 1000, 2),
-            "p99_ms": round(sorted(lat)[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000, 2)}, [x for _, x in out]
+    res = {"seconds": round(wall, 3), "ops_per_s": round(a.count / wall, 1),
+           "median_ms": round(statistics.median(lat) * 1000, 2),
+           "p99_ms": round(sorted(lat)[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000, 2)}
+    if a.latencies:
+        res.update(start=start, end=start + wall, ms=[round(d * 1000, 2) for d in lat])
+    return res, [x for _, x in out]
 
 failed = []
 res = {"count": a.count, "clients": a.clients}
 if a.phase in ("add", "both"):
     res["add"], addrs = phase("ADD")
     res["distinct"] = len(set(addrs))
+    if a.latencies:
+        res["addresses"] = addrs
     res["failed_attempts"] = len(failed)
 if a.phase in ("del", "both"):
     res["del"], _ = phase("DEL")

@@ -7,7 +7,7 @@
 """
 import json, os, re, sys
 
-from benchtool import cni_add_ms, spans_ms
+from benchtool import cni_add_ms, pct, spans_ms
 
 DRIVERS = ("plexus", "floor", "dranet")
 # klog: "RunPodSandbox Pod default/dra-dranet-1-3 UID 1a2b... took 123.4ms"
@@ -42,12 +42,6 @@ def ready_s(t0, lines):
         name, when = line.split()
         first.setdefault(name, float(when))
     return [when - t0 for when in first.values()]
-
-
-def pct(values, q):
-    """The q-quantile by nearest rank (P99 of fewer than 100 values is the largest)."""
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, -(-int(q * 1000) * len(values) // 1000) - 1))]
 
 
 def spread(values):

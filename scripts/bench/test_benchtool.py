@@ -197,8 +197,8 @@ class DraSummary(unittest.TestCase):
         import dra_summary
         got = sorted(dra_summary.ready_s(100.0, ["a 101.5", "b 102.0", "a 103.0"]))
         self.assertEqual(got, [1.5, 2.0])
-        self.assertEqual(dra_summary.pct([3, 1, 2, 4], 0.5), 2)
-        self.assertEqual(dra_summary.pct(list(range(1, 49)), 0.99), 48)
+        self.assertEqual(benchtool.pct([3, 1, 2, 4], 0.5), 2)
+        self.assertEqual(benchtool.pct(list(range(1, 49)), 0.99), 48)
 
     def test_devices_are_counted_over_the_drivers_slices_on_the_node(self):
         import dra_summary
@@ -223,3 +223,22 @@ class CniAdd(unittest.TestCase):
                  'time="2026-12-06T07:30:00.350000999Z" level=debug msg="cni result: {}" podsandboxid=ab',
                  'time="2026-12-06T07:30:00.400000000Z" level=debug msg="cni result: {}" podsandboxid=cd']
         self.assertEqual([round(ms) for ms in benchtool.cni_add_ms(lines)], [250])
+
+
+class TwoNodesSummary(unittest.TestCase):
+    def test_two_nodes_make_one_run_spanning_both_with_every_operation_in_its_quantiles(self):
+        import two_nodes_summary
+        with tempfile.TemporaryDirectory() as d:
+            runs = [{"count": 2, "clients": 1, "failed_attempts": 1, "addresses": ["a", "b"],
+                     "add": {"start": 100.0, "end": 101.0, "ms": [10, 20]}, "del": {"start": 102.0, "end": 103.0, "ms": [5, 5]}},
+                    {"count": 2, "clients": 1, "failed_attempts": 0, "addresses": ["c", "a"],
+                     "add": {"start": 100.5, "end": 102.0, "ms": [30, 400]}, "del": {"start": 102.0, "end": 104.0, "ms": [5, 6]}}]
+            paths = []
+            for i, r in enumerate(runs):
+                paths.append(os.path.join(d, f"{i}.json"))
+                with open(paths[-1], "w") as f:
+                    json.dump(r, f)
+            got = two_nodes_summary.ipam(paths)
+        self.assertEqual(got["add"], {"ops_per_s": 2.0, "p50_ms": 25.0, "p99_ms": 400})
+        self.assertEqual(got["del"]["ops_per_s"], 2.0)
+        self.assertEqual((got["count"], got["distinct"], got["failed_attempts"]), (4, 3, 1))

@@ -1,7 +1,8 @@
-//! A real single-node Kubernetes for the tests: `scripts/cluster.sh up` brings up etcd,
-//! kube-apiserver, controller-manager, scheduler, containerd and the kubelet in a network
-//! namespace of their own, and `scripts/cluster-install.sh` installs plexus on it (plain manifests
-//! or the Helm chart, thin or daemon mode). [`Cluster`] is one such cluster, taken down on drop
+//! A real Kubernetes for the tests: `scripts/cluster.sh up` brings up etcd, kube-apiserver,
+//! controller-manager, scheduler, containerd and the kubelet in a network namespace of their own
+//! (`--nodes N`: more nodes, each a containerd and kubelet in namespaces of its own, cabled to a
+//! fabric namespace), and `scripts/cluster-install.sh` installs plexus on it (plain manifests or
+//! the Helm chart, thin or daemon mode). [`Cluster`] is one such cluster, taken down on drop
 //! (panics included), with the views the tests read it through: kubectl and crictl in the node's
 //! namespace, the node's links and addresses, plexus's data directories, whereabouts' objects.
 //!
@@ -74,13 +75,20 @@ impl Cluster {
     /// A cluster without plexus: its cluster network only (the CNI bin dir has the reference
     /// plugins it runs).
     pub fn bare(sysfs: Option<&Path>) -> Cluster {
+        Cluster::bare_nodes(sysfs, 1)
+    }
+
+    /// [`Cluster::bare`] with `nodes` nodes (`cluster.sh up --nodes N`): node 1 runs the control
+    /// plane, each node its own containerd and kubelet, their RoCE ports cabled to one bridge
+    /// per rail in the fabric namespace.
+    pub fn bare_nodes(sysfs: Option<&Path>, nodes: u32) -> Cluster {
         crate::require_root();
         let (slot, lock) = take_slot();
         // Removed on drop from here on, also when coming up fails halfway.
         let mut c = Cluster { env: BTreeMap::new(), slot, _slot: lock };
         let out = c
             .script("cluster.sh")
-            .arg("up")
+            .args(["up", "--nodes", &nodes.to_string()])
             .env("PLEXUS_CLUSTER_SYSFS", sysfs.map(Path::as_os_str).unwrap_or_default())
             .output()
             .unwrap();
@@ -91,6 +99,11 @@ impl Cluster {
             .collect();
         for key in ["KUBECONFIG", "NODE_NETNS", "NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "TEST_IMAGE", "PEERS_BIN"] {
             assert!(c.env.contains_key(key), "cluster.sh up printed no {key}");
+        }
+        for k in 2..=nodes {
+            for key in ["NODE_NETNS", "NODE_NAME", "NODE_STATE"] {
+                assert!(c.env.contains_key(&format!("{key}_{k}")), "cluster.sh up printed no {key}_{k}");
+            }
         }
         c
     }
@@ -175,9 +188,14 @@ impl Cluster {
 
     /// A peer binary run in the node's network namespace.
     pub fn peer(&self, tool: &str, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+        self.peer_on(1, tool, args, stdin)
+    }
+
+    /// A peer binary run in node `k`'s network namespace.
+    pub fn peer_on(&self, k: u32, tool: &str, args: &[&str], stdin: Option<&str>) -> (bool, String) {
         use std::io::Write;
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.var("NODE_NETNS")])
+        cmd.args(["netns", "exec", self.node_netns(k)])
             .arg(Path::new(self.var("PEERS_BIN")).join(tool))
             .args(args)
             .stdin(std::process::Stdio::piped())
@@ -199,10 +217,47 @@ impl Cluster {
     }
 
     pub fn crictl(&self, args: &[&str]) -> (bool, String) {
-        let endpoint = format!("unix://{}/containerd.sock", self.state().display());
+        self.crictl_on(1, args)
+    }
+
+    /// crictl against node `k`'s containerd.
+    pub fn crictl_on(&self, k: u32, args: &[&str]) -> (bool, String) {
+        let endpoint = format!("unix://{}/containerd.sock", self.node_files(k).display());
         let mut all = vec!["--runtime-endpoint", endpoint.as_str(), "--timeout", "60s"];
         all.extend_from_slice(args);
-        self.peer("crictl", &all, None)
+        self.peer_on(k, "crictl", &all, None)
+    }
+
+    /// Node `k`'s network namespace (node 1: `NODE_NETNS`).
+    pub fn node_netns(&self, k: u32) -> &str {
+        if k == 1 { self.var("NODE_NETNS") } else { self.var(&format!("NODE_NETNS_{k}")) }
+    }
+
+    /// Node `k`'s name (node 1: `NODE_NAME`).
+    pub fn node_name(&self, k: u32) -> &str {
+        if k == 1 { self.var("NODE_NAME") } else { self.var(&format!("NODE_NAME_{k}")) }
+    }
+
+    /// Node `k`'s files as the host sees them: node 1's are the state dir; node K's are bound
+    /// over the state dir's paths inside its own mount namespace.
+    pub fn node_files(&self, k: u32) -> PathBuf {
+        if k == 1 { self.state().to_path_buf() } else { PathBuf::from(self.var(&format!("NODE_STATE_{k}"))) }
+    }
+
+    /// Node `k`'s mount namespace (where its paths under the state dir are its own).
+    pub fn node_mount_ns(&self, k: u32) -> PathBuf {
+        self.node_files(k).join("mnt")
+    }
+
+    /// The PID of the pod's ready sandbox on node `k` (its network namespace is
+    /// `/proc/PID/ns/net`, reachable from the host).
+    pub fn sandbox_pid(&self, k: u32, ns: &str, name: &str) -> u32 {
+        let (ok, id) = self.crictl_on(k, &["pods", "--namespace", ns, "--name", name, "--state", "ready", "-q"]);
+        assert!(ok, "{id}");
+        let id = id.lines().next().unwrap_or_else(|| panic!("{ns}/{name} has no ready sandbox on node {k}"));
+        let (ok, out) = self.crictl_on(k, &["inspectp", "-o", "go-template", "--template", "{{.info.pid}}", id]);
+        assert!(ok, "{out}");
+        out.lines().find_map(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("no pid for {ns}/{name}: {out}"))
     }
 
     pub fn apply(&self, yaml: &str) {
@@ -301,7 +356,12 @@ impl Cluster {
     }
 
     pub fn data_names(&self, sub: &str) -> Vec<String> {
-        let entries = std::fs::read_dir(self.data().join(sub));
+        self.data_names_on(1, sub)
+    }
+
+    /// [`Cluster::data_names`] on node `k`.
+    pub fn data_names_on(&self, k: u32, sub: &str) -> Vec<String> {
+        let entries = std::fs::read_dir(self.node_files(k).join("data").join(sub));
         let names: Vec<String> = entries
             .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
@@ -325,7 +385,12 @@ impl Cluster {
     }
 
     pub fn node_link_up(&self, name: &str) -> bool {
-        let out = Command::new("ip").args(["-n", self.var("NODE_NETNS"), "-j", "link", "show", name]).output().unwrap();
+        self.node_link_up_on(1, name)
+    }
+
+    /// Whether node `k` has link `name`, up.
+    pub fn node_link_up_on(&self, k: u32, name: &str) -> bool {
+        let out = Command::new("ip").args(["-n", self.node_netns(k), "-j", "link", "show", name]).output().unwrap();
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("\"UP\"")
     }
 
@@ -368,10 +433,19 @@ impl Cluster {
             .count()
     }
 
-    /// `cluster.sh stop|start|restart DAEMON`.
+    /// `cluster.sh stop|start|restart|kill DAEMON`.
     pub fn daemon(&self, action: &str, name: &str) {
-        let out = self.script("cluster.sh").args([action, name]).output().unwrap();
-        assert!(out.status.success(), "cluster.sh {action} {name}:\n{}", String::from_utf8_lossy(&out.stderr));
+        self.daemon_on(1, action, name)
+    }
+
+    /// `cluster.sh stop|start|restart|kill DAEMON --node K`.
+    pub fn daemon_on(&self, k: u32, action: &str, name: &str) {
+        let out = self.script("cluster.sh").args([action, name, "--node", &k.to_string()]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "cluster.sh {action} {name} --node {k}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The ID of the pod's ready sandbox, if it has one.
@@ -412,8 +486,14 @@ impl Cluster {
     }
 
     pub fn pod(&self, ns: &str, name: &str, networks: &str) -> String {
+        self.pod_on(ns, name, networks, None)
+    }
+
+    /// [`Cluster::pod`], bound to the node named `node` when given.
+    pub fn pod_on(&self, ns: &str, name: &str, networks: &str, node: Option<&str>) -> String {
+        let node = node.map(|n| format!("  nodeName: {n}\n")).unwrap_or_default();
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{app: plexus-test}}\n  annotations: {{k8s.v1.cni.cncf.io/networks: \"{networks}\"}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - {{name: c, image: {}, imagePullPolicy: Never, command: [\"/bin/sh\", \"-c\", \"sleep 3600\"]}}\n---\n",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{app: plexus-test}}\n  annotations: {{k8s.v1.cni.cncf.io/networks: \"{networks}\"}}\nspec:\n{node}  terminationGracePeriodSeconds: 0\n  containers:\n  - {{name: c, image: {}, imagePullPolicy: Never, command: [\"/bin/sh\", \"-c\", \"sleep 3600\"]}}\n---\n",
             self.var("TEST_IMAGE")
         )
     }

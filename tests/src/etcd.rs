@@ -1,5 +1,6 @@
 //! A real etcd (Debian `etcd-server`) for tests: on the loopback of a namespace the test made
-//! (the node namespace, where the plugins run), free ports, a temp data dir; stopped by its PID.
+//! (the node namespace, where the plugins run) or on an address of a cluster node's namespace,
+//! free ports, a temp data dir; stopped by its PID.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -8,6 +9,8 @@ use std::time::{Duration, Instant};
 
 pub struct Etcd {
     netns: PathBuf,
+    /// The address it listens on in `netns` (the loopback unless [`Etcd::start_on`]).
+    host: String,
     child: Option<Child>,
     dir: tempfile::TempDir,
     client_port: u16,
@@ -25,19 +28,31 @@ fn free_ports() -> (u16, u16) {
 impl Etcd {
     /// Start etcd inside the namespace at `netns` (a `Lab`'s node namespace).
     pub fn start_in(netns: &crate::Netns) -> Etcd {
+        Etcd::start_on(&netns.path(), "127.0.0.1")
+    }
+
+    /// Start etcd in the namespace at `netns_path`, listening on `host` there (an address of
+    /// that namespace's, e.g. a cluster node's, for clients in other namespaces).
+    pub fn start_on(netns_path: &std::path::Path, host: &str) -> Etcd {
         assert!(
             std::path::Path::new("/usr/bin/etcd").exists(),
             "etcd missing: install Debian's etcd-server (scripts/test.sh does)"
         );
         let (client_port, peer_port) = free_ports();
-        let mut e =
-            Etcd { netns: netns.path(), child: None, dir: tempfile::tempdir().unwrap(), client_port, peer_port };
+        let mut e = Etcd {
+            netns: netns_path.to_path_buf(),
+            host: host.to_string(),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            client_port,
+            peer_port,
+        };
         e.launch();
         e
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.host, self.client_port)
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -45,7 +60,7 @@ impl Etcd {
     }
 
     fn launch(&mut self) {
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let peer = format!("http://{}:{}", self.host, self.peer_port);
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
         let mut cmd = Command::new("/usr/bin/etcd");
         crate::runner::enter_netns(&mut cmd, &self.netns);
@@ -99,6 +114,15 @@ impl Etcd {
     pub fn restart(&mut self) {
         self.stop();
         self.launch();
+    }
+
+    /// Every key under `prefix` with its value (`etcdctl get --prefix`; values without newlines).
+    pub fn pairs(&self, prefix: &str) -> Vec<(String, String)> {
+        let out = self.etcdctl().args(["--endpoints", &self.endpoint(), "get", "--prefix", prefix]).output().unwrap();
+        assert!(out.status.success(), "etcdctl get: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        lines.chunks(2).filter(|p| p.len() == 2).map(|p| (p[0].to_string(), p[1].to_string())).collect()
     }
 
     /// `etcdctl get --prefix <prefix> --keys-only`
