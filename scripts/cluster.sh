@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes for plexus's tests: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, containerd (CRI) and kubelet, built from their Go modules (scripts/peers.sh),
-# all inside a network namespace of their own with veth "RoCE ports". Nothing touches the host's
+# A real Kubernetes for plexus's tests, one node or several: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, containerd (CRI) and kubelet, built from their Go modules
+# (scripts/peers.sh), all inside network namespaces of their own with veth "RoCE ports". Nothing touches the host's
 # interfaces; images are built locally (no registry).
 #
 #   bash scripts/cluster.sh up     # prints KEY=value lines once the node is Ready

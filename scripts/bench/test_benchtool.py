@@ -230,9 +230,11 @@ class TwoNodesSummary(unittest.TestCase):
         import two_nodes_summary
         with tempfile.TemporaryDirectory() as d:
             runs = [{"count": 2, "clients": 1, "failed_attempts": 1, "addresses": ["a", "b"],
-                     "add": {"start": 100.0, "end": 101.0, "ms": [10, 20]}, "del": {"start": 102.0, "end": 103.0, "ms": [5, 5]}},
+                     "add": {"start": 100.0, "end": 101.0, "ms": [10, 20]}},
+                    {"count": 2, "clients": 1, "del": {"start": 102.0, "end": 103.0, "ms": [5, 5]}},
                     {"count": 2, "clients": 1, "failed_attempts": 0, "addresses": ["c", "a"],
-                     "add": {"start": 100.5, "end": 102.0, "ms": [30, 400]}, "del": {"start": 102.0, "end": 104.0, "ms": [5, 6]}}]
+                     "add": {"start": 100.5, "end": 102.0, "ms": [30, 400]}},
+                    {"count": 2, "clients": 1, "del": {"start": 102.0, "end": 104.0, "ms": [5, 6]}}]
             paths = []
             for i, r in enumerate(runs):
                 paths.append(os.path.join(d, f"{i}.json"))

@@ -8,16 +8,18 @@
 #      (a plugin process per ADD/DEL, a pod named in CNI_ARGS, as a runtime runs them), then their
 #      release, one range shared by the two nodes — whereabouts v0.9.2 (its Kubernetes store and
 #      Lease) on both, plexus-ipam's Kubernetes store on both, plexus-ipam's etcd store on both
-#      (an etcd on node A's management address). Failed ADDs are DELeted and retried, as the
-#      kubelet would, and counted.
+#      (an etcd on node A's management address); both nodes' ADDs, then both nodes' DELs, so
+#      every address handed out is held until both nodes have allocated (distinct = 2 × COUNT).
+#      Failed ADDs are DELeted and retried, as the kubelet would, and counted.
 # Writes OUT/two-nodes.json (and each run's raw results); figures, never a pass/fail on time.
 #
 #   bash scripts/bench/two-nodes.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+top=$(pwd)
 out=${1:?usage: scripts/bench/two-nodes.sh OUT_DIR}
 mkdir -p "$out"
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 COUNT=${COUNT:-500}
 log() { echo "bench/two-nodes.sh: $*" >&2; }
 
@@ -133,15 +135,18 @@ for who in wb px-k8s px-etcd; do
   done
   plugin=$BIN/plexus-ipam
   [ "$who" = wb ] && plugin=$PEERS_BIN/whereabouts
-  pids=()
-  for n in 1 2; do
-    on_node "$n" env PLEXUS_POLICY="$PLEXUS_POLICY" python3 scripts/bench/cni_load.py --plugin "$plugin" \
-      --conf "$state/$who-$n.json" --count "$COUNT" --clients 16 --pods --retries 20 --latencies \
-      --prefix "$who-n$n-" > "$out/ipam-$who-$n.json" &
-    pids+=($!)
+  # Both nodes' ADDs, then both nodes' DELs: every address is held until both have allocated.
+  for verb in add del; do
+    pids=()
+    for n in 1 2; do
+      on_node "$n" env PLEXUS_POLICY="$PLEXUS_POLICY" python3 "$top/scripts/bench/cni_load.py" --plugin "$plugin" \
+        --conf "$state/$who-$n.json" --count "$COUNT" --clients 16 --pods --retries 20 --latencies \
+        --phase "$verb" --prefix "$who-n$n-" > "$out/ipam-$who-$n-$verb.json" &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
   done
-  for p in "${pids[@]}"; do wait "$p"; done
-  log "ipam $who: $(python3 scripts/bench/two_nodes_summary.py ipam "$out/ipam-$who-1.json" "$out/ipam-$who-2.json")"
+  log "ipam $who: $(python3 scripts/bench/two_nodes_summary.py ipam "$out/ipam-$who"-{1,2}-{add,del}.json)"
 done
 python3 scripts/bench/two_nodes_summary.py all "$out" "$ROUNDS" > "$out/two-nodes.json"
 cat "$out/two-nodes.json"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/bench/two-nodes.sh's results, merged.
 
-  two_nodes_summary.py ipam NODE1_JSON NODE2_JSON   one allocator's two nodes as one run
+  two_nodes_summary.py ipam N1_ADD N1_DEL N2_ADD N2_DEL   one allocator's two nodes as one run
   two_nodes_summary.py all OUT ROUNDS               every part: transfers and the three allocators
 
 A run of both nodes: throughput is every ADD (DEL) of both nodes over the span from the first
@@ -15,16 +15,19 @@ from benchtool import pct
 
 
 def ipam(paths):
+    """Each node's ADD phase and DEL phase (cni_load.py --phase add|del --latencies), in any order."""
     runs = [json.load(open(p)) for p in paths]
-    res = {"count": sum(r["count"] for r in runs), "clients": sum(r["clients"] for r in runs)}
+    adds = [r for r in runs if "add" in r]
+    res = {"count": sum(r["count"] for r in adds), "clients": sum(r["clients"] for r in adds)}
     for verb in ("add", "del"):
-        ms = [x for r in runs for x in r[verb]["ms"]]
-        span = max(r[verb]["end"] for r in runs) - min(r[verb]["start"] for r in runs)
+        phase = [r[verb] for r in runs if verb in r]
+        ms = [x for p in phase for x in p["ms"]]
+        span = max(p["end"] for p in phase) - min(p["start"] for p in phase)
         res[verb] = {"ops_per_s": round(len(ms) / span, 1), "p50_ms": round(statistics.median(ms), 1),
                      "p99_ms": round(pct(ms, 0.99), 1)}
-    addrs = [a for r in runs for a in r["addresses"]]
+    addrs = [a for r in adds for a in r["addresses"]]
     res["distinct"] = len(set(addrs))
-    res["failed_attempts"] = sum(r["failed_attempts"] for r in runs)
+    res["failed_attempts"] = sum(r["failed_attempts"] for r in adds)
     return res
 
 
@@ -37,7 +40,7 @@ def all_parts(out, rounds):
     floor = res["transfer_gbit_s"]["floor"]["median"]
     for name in ("macvlan", "host-device"):
         res["transfer_gbit_s"][name]["of_floor"] = round(res["transfer_gbit_s"][name]["median"] / floor, 2)
-    res["ipam"] = {who: ipam([f"{out}/ipam-{who}-1.json", f"{out}/ipam-{who}-2.json"])
+    res["ipam"] = {who: ipam([f"{out}/ipam-{who}-{n}-{verb}.json" for n in (1, 2) for verb in ("add", "del")])
                    for who in ("wb", "px-k8s", "px-etcd")}
     wb = res["ipam"]["wb"]
     for who in ("px-k8s", "px-etcd"):
@@ -49,7 +52,7 @@ def all_parts(out, rounds):
 
 def main(argv):
     if argv[1] == "ipam":
-        print(json.dumps(ipam(argv[2:4])))
+        print(json.dumps(ipam(argv[2:])))
     elif argv[1] == "all":
         print(json.dumps(all_parts(argv[2], int(argv[3])), indent=1))
     else:

@@ -27,6 +27,16 @@ fn in_netns(netns: &str, tool: &str, args: &[&str]) -> Command {
     cmd
 }
 
+/// iperf3 and iputils' ping (don't-fragment) on the host, named when missing.
+fn need_traffic_tools() {
+    let tools = [("iperf3", "-v", "iperf 3", "iperf3"), ("ping", "-V", "iputils", "iputils-ping")];
+    for (tool, flag, says, package) in tools {
+        let out = Command::new(tool).arg(flag).output();
+        let ok = out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(says));
+        assert!(ok, "{tool} missing: install Debian's {package} (scripts/test.sh does)");
+    }
+}
+
 fn pod_netns(c: &Cluster, k: u32, pod: &str) -> String {
     format!("/proc/{}/ns/net", c.sandbox_pid(k, "default", pod))
 }
@@ -125,6 +135,7 @@ fn pool_holders(c: &Cluster, pool: &str, base: [u8; 4]) -> BTreeMap<String, Stri
 
 #[test]
 fn pods_on_two_nodes_reach_each_other_at_mtu_9000_over_macvlan_host_device_and_four_rails_each_on_its_own() {
+    need_traffic_tools();
     let c = Cluster::bare_nodes(None, 2);
     c.install("", false, "manifests");
     c.use_kubernetes_ipam_store();
