@@ -81,27 +81,38 @@ const TRANSFER: u64 = 100 << 20;
 /// 100 MiB over one TCP connection (iperf3) from `client_addr` in `client_ns` to `server_addr` in
 /// `server_ns`; the receiver's throughput in Gbit/s.
 fn transfer(server_ns: &str, server_addr: &str, client_ns: &str, client_addr: &str) -> f64 {
-    let server = in_netns(server_ns, "iperf3", &["-s", "-1", "-B", server_addr, "-p", "5201"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _server = Server(server);
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let serve = || {
+        let cmd = in_netns(server_ns, "iperf3", &["-s", "-1", "-B", server_addr, "-p", "5201"])
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap())
+            .spawn();
+        Server(cmd.unwrap())
+    };
+    let mut server = serve();
     // A little more is sent: the receiver's count ends when the sender's does.
     let bytes = (TRANSFER + TRANSFER / 10).to_string();
     let args = ["-c", server_addr, "-B", client_addr, "-p", "5201", "-n", &bytes, "-J"];
-    // The client is refused until the server listens.
-    let mut report = Value::Null;
-    for _ in 0..50 {
+    // The client is refused until the server listens (seconds, on a machine busy with builds);
+    // a one-off server whose client failed halfway has ended, and is started again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let report = loop {
         let out = in_netns(client_ns, "iperf3", &args).output().unwrap();
-        report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        if out.status.success() {
-            break;
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if out.status.success() || std::time::Instant::now() > deadline {
+            break report;
+        }
+        if server.0.try_wait().unwrap().is_some() {
+            server = serve();
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
+    };
     let received = &report["end"]["sum_received"];
-    assert!(received["bytes"].as_u64().unwrap_or(0) >= TRANSFER, "{server_addr} received less than 100 MiB: {report}");
+    assert!(
+        received["bytes"].as_u64().unwrap_or(0) >= TRANSFER,
+        "{server_addr} received less than 100 MiB: {report}\nthe server said: {}",
+        std::fs::read_to_string(log.path()).unwrap_or_default()
+    );
     received["bits_per_second"].as_f64().unwrap() / 1e9
 }
 
