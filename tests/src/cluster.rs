@@ -586,6 +586,64 @@ impl Cluster {
     }
 }
 
+/// How a test run of an IPAM plugin is cut short ([`Cluster::ipam_run_on`]).
+pub enum Interrupt<'a> {
+    /// `PLEXUS_FAULT` (empty: not at all).
+    Fault(&'a str),
+    /// SIGKILL after this long if it still runs, as a runtime kills a plugin past its timeout,
+    /// wherever it is (nsenter execs the plugin: the child is the plugin).
+    KillAfter(Duration),
+}
+
+impl Cluster {
+    /// One run of an IPAM plugin for container `cid` of pod `pod` (a name in `default`, or
+    /// `namespace/name`) on node `k`, as that node's runtime runs it: in the node's network and
+    /// mount namespaces (node K's data dir is its own), under the node policy, `conf` on stdin.
+    /// Its result, or its stdout and stderr when that is not JSON.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ipam_run_on(
+        &self,
+        k: u32,
+        bin: &Path,
+        verb: &str,
+        cid: &str,
+        pod: &str,
+        conf: &Value,
+        how: Interrupt,
+    ) -> (bool, Value) {
+        use std::io::Write;
+        let (ns, name) = pod.split_once('/').unwrap_or(("default", pod));
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.node_netns(k)))
+            .arg(format!("--mount={}", self.node_mount_ns(k).display()))
+            .arg("--")
+            .arg(bin)
+            .env("CNI_COMMAND", verb)
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_NETNS", "/var/run/netns/none")
+            .env("CNI_IFNAME", "net1")
+            .env("CNI_PATH", bin.parent().unwrap())
+            .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}"))
+            .env("PLEXUS_POLICY", self.var("PLEXUS_POLICY"))
+            .env("PLEXUS_FAULT", if let Interrupt::Fault(f) = how { f } else { "" })
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(conf.to_string().as_bytes()).unwrap();
+        if let Interrupt::KillAfter(after) = how {
+            std::thread::sleep(after);
+            let _ = child.kill(); // our own child, by its PID; gone already is fine
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let v = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| serde_json::json!({"stdout": text(&out.stdout), "stderr": text(&out.stderr)}));
+        (out.status.success(), v)
+    }
+}
+
 impl Cluster {
     /// What the admin does to turn plexus-ipam's `kubernetes` store on: its RBAC, and the policy
     /// naming the node's credentials (the DaemonSet's kubeconfig) and whereabouts' namespace.

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use plexus_tests::cluster::{Cluster, repo, wait_until};
+use plexus_tests::cluster::{Cluster, Interrupt, repo, wait_until};
 use serde_json::Value;
 
 #[test]
@@ -515,15 +515,6 @@ fn concurrent_adds<'a>(
     })
 }
 
-/// How a test run of an IPAM plugin is cut short.
-enum Interrupt<'a> {
-    /// `PLEXUS_FAULT` (empty: not at all).
-    Fault(&'a str),
-    /// SIGKILL after this long if it still runs, as a runtime kills a plugin past its timeout,
-    /// wherever it is (`ip netns exec` execs the plugin: the child is the plugin).
-    KillAfter(Duration),
-}
-
 fn ipam_run_interrupted(
     c: &Cluster,
     bin: &Path,
@@ -533,36 +524,7 @@ fn ipam_run_interrupted(
     conf: &Value,
     how: Interrupt,
 ) -> (bool, Value) {
-    use std::io::Write;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", c.var("NODE_NETNS")])
-        .arg(bin)
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", "/var/run/netns/none")
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_PATH", bin.parent().unwrap())
-        .env("CNI_ARGS", {
-            // `pod` is a name in `default`, or `namespace/name`.
-            let (ns, name) = pod.split_once('/').unwrap_or(("default", pod));
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}")
-        })
-        .env("PLEXUS_POLICY", c.var("PLEXUS_POLICY"))
-        .env("PLEXUS_FAULT", if let Interrupt::Fault(f) = how { f } else { "" })
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(conf.to_string().as_bytes()).unwrap();
-    if let Interrupt::KillAfter(after) = how {
-        std::thread::sleep(after);
-        let _ = child.kill(); // our own child, by its PID; gone already is fine
-    }
-    let out = child.wait_with_output().unwrap();
-    let v = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| serde_json::json!({"stdout": String::from_utf8_lossy(&out.stdout), "stderr": String::from_utf8_lossy(&out.stderr)}));
-    (out.status.success(), v)
+    c.ipam_run_on(1, bin, verb, cid, pod, conf, how)
 }
 
 #[test]

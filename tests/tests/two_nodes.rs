@@ -6,12 +6,12 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use plexus_tests::cluster::{Cluster, wait_until};
+use plexus_tests::cluster::{Cluster, Interrupt, wait_until};
 use plexus_tests::etcd::Etcd;
 use serde_json::{Value, json};
 
@@ -352,33 +352,9 @@ fn a_lost_nodes_pods_keep_their_addresses_until_it_returns_then_release_every_ad
     assert!(failed.is_empty(), "{failed:?}");
 }
 
-/// An IPAM plugin run for container `cid` on node `k`: in its network and mount namespaces (its
-/// data dir is its own), as that node's runtime would run it.
+/// An IPAM plugin run for container `cid` (of a pod of that name) on node `k`.
 fn ipam_on(c: &Cluster, k: u32, bin: &Path, verb: &str, cid: &str, conf: &Value) -> (bool, Value) {
-    use std::io::Write;
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", c.node_netns(k)))
-        .arg(format!("--mount={}", c.node_mount_ns(k).display()))
-        .arg("--")
-        .arg(bin)
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", "/var/run/netns/none")
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_PATH", bin.parent().unwrap())
-        .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid}"))
-        .env("PLEXUS_POLICY", c.var("PLEXUS_POLICY"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(conf.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(
-        |_| json!({"stdout": String::from_utf8_lossy(&out.stdout), "stderr": String::from_utf8_lossy(&out.stderr)}),
-    );
-    (out.status.success(), v)
+    c.ipam_run_on(k, bin, verb, cid, cid, conf, Interrupt::Fault(""))
 }
 
 /// One node's allocator in a churn: its binary, its network config, a name for its containers.
@@ -420,6 +396,8 @@ fn churn(c: &Cluster, allocators: &[Allocator], store_view: &(dyn Fn() -> BTreeM
                     }
                 }
                 reads.fetch_add(1, Ordering::Relaxed);
+                // A read is a kubectl or etcdctl process: a few a second, not every core's worth.
+                std::thread::sleep(Duration::from_millis(200));
             }
         });
         let workers: Vec<_> = allocators
