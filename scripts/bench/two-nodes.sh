@@ -108,9 +108,10 @@ for round in $(seq "$ROUNDS"); do
   for name in floor macvlan host-device; do
     nsenter --net="${dst_ns[$name]}" -- iperf3 -s -1 -B "${dst[$name]}" -p 5201 > /dev/null 2>&1 &
     server=$!
+    # iperf3 --json exits 0 also when refused (its server not listening yet): its report says.
     for _ in $(seq 50); do
       nsenter --net="${src_ns[$name]}" -- iperf3 -c "${dst[$name]}" -B "${src[$name]}" -p 5201 -n 1G -J \
-        > "$out/transfer-$name-$round.json" 2> /dev/null && break
+        > "$out/transfer-$name-$round.json" 2> /dev/null && ! grep -q '"error"' "$out/transfer-$name-$round.json" && break
       sleep 0.1
     done
     wait "$server" || true

@@ -99,7 +99,9 @@ fn transfer(server_ns: &str, server_addr: &str, client_ns: &str, client_addr: &s
     let report = loop {
         let out = in_netns(client_ns, "iperf3", &args).output().unwrap();
         let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        if out.status.success() || std::time::Instant::now() > deadline {
+        // iperf3 3.12 with --json exits 0 also when refused: its report says whether it ran.
+        let ran = out.status.success() && report["error"].is_null() && report["end"]["sum_received"].is_object();
+        if ran || std::time::Instant::now() > deadline {
             break report;
         }
         if server.0.try_wait().unwrap().is_some() {
