@@ -252,10 +252,8 @@ impl Cluster {
     /// The PID of the pod's ready sandbox on node `k` (its network namespace is
     /// `/proc/PID/ns/net`, reachable from the host).
     pub fn sandbox_pid(&self, k: u32, ns: &str, name: &str) -> u32 {
-        let (ok, id) = self.crictl_on(k, &["pods", "--namespace", ns, "--name", name, "--state", "ready", "-q"]);
-        assert!(ok, "{id}");
-        let id = id.lines().next().unwrap_or_else(|| panic!("{ns}/{name} has no ready sandbox on node {k}"));
-        let (ok, out) = self.crictl_on(k, &["inspectp", "-o", "go-template", "--template", "{{.info.pid}}", id]);
+        let id = self.sandbox_on(k, ns, name).unwrap_or_else(|| panic!("{ns}/{name} has no ready sandbox on node {k}"));
+        let (ok, out) = self.crictl_on(k, &["inspectp", "-o", "go-template", "--template", "{{.info.pid}}", &id]);
         assert!(ok, "{out}");
         out.lines().find_map(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("no pid for {ns}/{name}: {out}"))
     }
@@ -450,7 +448,12 @@ impl Cluster {
 
     /// The ID of the pod's ready sandbox, if it has one.
     pub fn sandbox(&self, ns: &str, name: &str) -> Option<String> {
-        let (ok, out) = self.crictl(&["pods", "--namespace", ns, "--name", name, "--state", "ready", "-q"]);
+        self.sandbox_on(1, ns, name)
+    }
+
+    /// [`Cluster::sandbox`] on node `k`.
+    pub fn sandbox_on(&self, k: u32, ns: &str, name: &str) -> Option<String> {
+        let (ok, out) = self.crictl_on(k, &["pods", "--namespace", ns, "--name", name, "--state", "ready", "-q"]);
         assert!(ok, "{out}");
         out.lines().next().map(str::to_string)
     }

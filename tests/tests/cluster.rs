@@ -472,7 +472,7 @@ spec:
 
 /// One run of an IPAM plugin in the node's namespace, as a runtime would run it for pod `pod`.
 fn ipam_run(c: &Cluster, bin: &Path, verb: &str, cid: &str, pod: &str, conf: &Value) -> (bool, Value) {
-    ipam_run_interrupted(c, bin, verb, cid, pod, conf, Interrupt::Fault(""))
+    c.ipam_run_on(1, bin, verb, cid, pod, conf, Interrupt::Fault(""))
 }
 
 /// `n` ADDs (attachment `i` by `tool(i)`: its binary, config and container-ID prefix) by
@@ -513,18 +513,6 @@ fn concurrent_adds<'a>(
             .collect();
         clients.into_iter().flat_map(|h| h.join().unwrap()).collect()
     })
-}
-
-fn ipam_run_interrupted(
-    c: &Cluster,
-    bin: &Path,
-    verb: &str,
-    cid: &str,
-    pod: &str,
-    conf: &Value,
-    how: Interrupt,
-) -> (bool, Value) {
-    c.ipam_run_on(1, bin, verb, cid, pod, conf, how)
 }
 
 #[test]
@@ -681,7 +669,7 @@ fn plexus_ipam_on_the_api_server_survives_its_restart_and_kills_in_a_1000_pod_ch
     let call_as = |verb: &str, cid: &str, pod: &str, how: Interrupt| {
         let t = Instant::now();
         let interrupted = !matches!(how, Interrupt::Fault(""));
-        let (ok, r) = ipam_run_interrupted(&c, &px, verb, cid, pod, &conf, how);
+        let (ok, r) = c.ipam_run_on(1, &px, verb, cid, pod, &conf, how);
         assert!(t.elapsed() < bound, "{verb} {cid} took {:?}", t.elapsed());
         if !ok {
             if interrupted && r.get("code").is_none() {
