@@ -5,6 +5,8 @@
 #   - the entry point's spec-corner checks (tests/tests/entry_point.rs: the same bad input yields
 #     the reference plugin's code and message) against the arm64 binaries;
 #   - the demo's ADD and DEL through `plexus` in namespaces (scripts/demo.sh, arm64 binaries).
+# PLEXUS_PROFILE=release-nolto checks that profile's build instead of the shipped one (the test
+# command does: the same code without LTO, Cargo.toml).
 # scripts/test.sh runs it after the test suite. It registers a binfmt_misc handler for aarch64
 # ELF files when none is there, and removes only the one it registered.
 set -euo pipefail
@@ -15,8 +17,14 @@ source scripts/lib/shipped.sh
 [ "$(uname -m)" = aarch64 ] && { echo "arm64-check.sh: this machine is arm64 already: the test suite runs there" >&2; exit 0; }
 need_packages qemu-user binutils
 
-echo "== the arm64 build (scripts/build-release.sh, PLEXUS_ARCH=arm64)"
-BIN=$(PLEXUS_ARCH=arm64 bash scripts/build-release.sh)
+# The shipped binaries and the test plugin the entry-point checks run (`--build-only`: that build
+# alone, its directory printed; scripts/test.sh builds it early, checks it after the tests).
+echo "== the arm64 build (scripts/build-release.sh, PLEXUS_ARCH=arm64)" >&2
+BIN=$(PLEXUS_ARCH=arm64 bash scripts/build-release.sh --workspace $(printf -- '--bin %s ' "${SHIPPED[@]}") --bin plexus-test-plugin)
+if [ "${1:-}" = --build-only ]; then
+  echo "$BIN"
+  exit 0
+fi
 for b in plexus plexus-macvlan plexus-ipam plexus-test-plugin; do
   readelf -h "$BIN/$b" | grep -q 'Machine:.*AArch64' || { echo "arm64-check.sh: $BIN/$b is not an aarch64 binary" >&2; exit 1; }
 done
@@ -54,8 +62,9 @@ echo "$out" | grep -q 'addresses held in the IPAM store: 0' || { echo "$out"; ec
 echo "== the DaemonSet image for linux/amd64 and linux/arm64 (scripts/build-image.sh), one index"
 work=$(mktemp -d)
 trap '[ -z "$ours" ] || echo -1 > "$binfmt/$ours"; rm -rf "$work"' EXIT
+# The arm64 binaries checked above; amd64's are the shipped build (the release profile).
 ARCHES="amd64 arm64" IMAGE=localhost/plexus:check ARCHIVE=$work/image.tar PLEXUS_IMAGE_STORE=$work/store \
-  bash scripts/build-image.sh > /dev/null
+  PLEXUS_BIN_DIR_ARM64=$BIN env -u PLEXUS_PROFILE bash scripts/build-image.sh > /dev/null
 mkdir "$work/oci" && tar -C "$work/oci" -xf "$work/image.tar"
 python3 scripts/bench/benchtool.py image-index "$work/oci" "$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)" "${SHIPPED[@]}"
 echo "arm64-check.sh: arm64 ADD/DEL through plexus and the entry point's checks pass under qemu-user; the image index holds both architectures"

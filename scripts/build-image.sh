@@ -12,7 +12,7 @@
 #
 # PLEXUS_IMAGE_STORE=DIR keeps Podman's storage in DIR (vfs driver) instead of the machine's.
 # PLEXUS_BIN_DIR=DIR takes the binaries from DIR instead of building them (one architecture's:
-# ARCHES names it).
+# ARCHES names it); PLEXUS_BIN_DIR_ARM64 (or _AMD64) does so for that architecture alone.
 # Prints the image name on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,8 +39,9 @@ podman manifest rm "$IMAGE" > /dev/null 2>&1 || true
 podman rmi -f "$IMAGE" > /dev/null 2>&1 || true
 podman manifest create "$IMAGE" > /dev/null
 for arch in $ARCHES; do
-  # The same build the tests use (every binary of the workspace), so nothing is built twice.
-  bin=${PLEXUS_BIN_DIR:-$(PLEXUS_ARCH=$arch bash scripts/build-release.sh)}
+  # The same build the tests use (the shipped binaries), so nothing is built twice.
+  arch_dir=PLEXUS_BIN_DIR_${arch^^}
+  bin=${!arch_dir:-${PLEXUS_BIN_DIR:-$(PLEXUS_ARCH=$arch bash scripts/build-release.sh)}}
   mkdir -p "$work/$arch/bin"
   for b in "${SHIPPED[@]}"; do cp "$bin/$b" "$work/$arch/bin/"; done
   echo "== image for linux/$arch" >&2

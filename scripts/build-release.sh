@@ -2,10 +2,13 @@
 # Builds the binaries plexus ships: release profile, statically linked against glibc, so they
 # start fast (no dynamic loader work: ~0.3 ms of every invocation) and run on any host they are
 # copied to, like the Go reference plugins. Prints the directory holding them. Arguments name
-# packages to build (`-p plexus -p plexus-macvlan`); none: every binary of the workspace.
+# packages or binaries to build (`-p plexus -p plexus-macvlan`, `--workspace --bins`); none: the
+# binaries plexus ships (scripts/lib/shipped.sh), not the test helpers beside them (each release
+# binary is a fat-LTO link of its own: the helpers took 64 of the build's 1,030 CPU seconds).
 #
 #   bash scripts/build-release.sh                 # this machine's architecture
 #   PLEXUS_ARCH=arm64 bash scripts/build-release.sh   # linux/arm64 (aarch64), cross-compiled
+#   PLEXUS_PROFILE=release-nolto bash scripts/build-release.sh   # a cargo profile other than release
 #
 # amd64 and arm64 are built on either: the other one with Debian's cross C toolchain
 # (gcc-aarch64-linux-gnu or gcc-x86-64-linux-gnu, for ring's C and the static link) and the Rust
@@ -13,9 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
+source scripts/lib/shipped.sh
 # etcd-client's build script runs protoc (plexus-ipam's etcd store); a fresh machine has none.
 need_packages protobuf-compiler libprotobuf-dev
 host=$(rustc -vV | sed -n 's/^host: //p')
+# Set by the test and bench scripts only (the test command's arm64 check: Cargo.toml, release-nolto).
+profile=${PLEXUS_PROFILE:-release}
 target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
 case "${PLEXUS_ARCH:-}" in
   "") target=$host ;;
@@ -49,6 +55,9 @@ unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 # Not position-independent (relocation-model=static), like the Go reference plugins: a static-pie
 # binary first applies its ~16k relocations and copies .data.rel.ro on every start (~0.15 ms for
 # plexus); the stack, heap and mmap areas stay randomized.
+# The workspace's packages are all selected (`--workspace`) even for a few binaries, so that
+# features unify as in every other build of the workspace and no dependency builds twice.
+[ $# -gt 0 ] || set -- --workspace $(printf -- '--bin %s ' "${SHIPPED[@]}")
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
-  cargo build --release --locked --bins --target "$target" "${@:---workspace}" >&2
-echo "$target_dir/$target/release"
+  cargo build --profile "$profile" --locked --target "$target" "$@" >&2
+echo "$target_dir/$target/$profile"
