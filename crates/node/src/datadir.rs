@@ -171,13 +171,8 @@ impl DataDir {
             let _ = t.mark.unlock();
             return false;
         }
-        // Temp files a killed request left (one marking the directory meanwhile retries), removed
-        // through the directory's descriptor (an unlink never follows a link).
-        for e in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
-            if crate::files::is_temp_name(&e.file_name().to_string_lossy()) {
-                let _ = unlinkat(self.dir.as_fd(), e.file_name().as_os_str(), UnlinkatFlags::NoRemoveDir);
-            }
-        }
+        // Temp files a killed request left (one marking the directory meanwhile retries).
+        remove_temp_files(&self.dir);
         let removed = unlinkat(self.dir.as_fd(), MARK, UnlinkatFlags::NoRemoveDir)
             .and_then(|()| unlinkat(t.root.as_fd(), t.name.as_str(), UnlinkatFlags::RemoveDir));
         match removed {
@@ -193,6 +188,19 @@ impl DataDir {
             }
         }
     }
+}
+
+/// Remove the temp files of plexus's in `dir` (left by killed requests), through the directory's
+/// descriptor (an unlink never follows a link); `true` when there were any.
+fn remove_temp_files(dir: &SafeDir) -> bool {
+    let mut any = false;
+    for e in std::fs::read_dir(dir.path()).into_iter().flatten().flatten() {
+        if crate::files::is_temp_name(&e.file_name().to_string_lossy()) {
+            any = true;
+            let _ = unlinkat(dir.as_fd(), e.file_name().as_os_str(), UnlinkatFlags::NoRemoveDir);
+        }
+    }
+    any
 }
 
 /// The names in `dir` other than its mark and plexus's temp files.
@@ -289,6 +297,12 @@ impl Policy {
                         return Err(self.not_ours(key, path, "it is not empty and carries no plexus mark"));
                     }
                     if found.is_empty() && !create {
+                        // Unmarked with nothing in it but plexus's temp files: a request was
+                        // killed while marking it. They go, and the directory if that empties
+                        // it (one marking it meanwhile loses its temp file and starts over).
+                        if remove_temp_files(&dir) {
+                            let _ = unlinkat(root_dir.as_fd(), name, UnlinkatFlags::RemoveDir);
+                        }
                         return Ok(None);
                     }
                     match write_mark(&dir, &want) {
@@ -389,6 +403,26 @@ mod tests {
         assert!(other.retire_if_empty());
         assert!(!dir.exists());
         assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, None, false, soon()).unwrap().is_none());
+    }
+
+    /// A request killed while marking the directory it made left it unmarked with only its
+    /// temp file: the next request that finds it so, a DEL, removes both (CI's fault injection
+    /// found it left).
+    #[test]
+    fn a_directory_left_unmarked_by_a_killed_request_goes_with_its_temp_file() {
+        let root = tempfile::tempdir().unwrap();
+        let p = policy(root.path());
+        let dir = root.path().join("team-a-store");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join(crate::files::temp_name(MARK)), b"{").unwrap();
+        assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), false, soon()).unwrap().is_none());
+        assert!(!dir.exists());
+        // With anything else in it, it stays (and is not adopted by a DEL).
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join(crate::files::temp_name(MARK)), b"{").unwrap();
+        std::fs::write(dir.join("notes"), b"").unwrap();
+        assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), false, soon()).is_err());
+        assert!(dir.join("notes").exists());
     }
 
     /// Two DELs of one directory's last two attachments: the one that removes the last domain

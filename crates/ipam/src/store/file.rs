@@ -499,4 +499,21 @@ mod tests {
         assert!(store.release("c1", "net1").unwrap().is_empty());
         assert!(!dir.exists());
     }
+
+    /// An ADD killed after it made its domain's directory and before its lock (CI's fault
+    /// injection, under load): the domain never held anything, and the runtime's DEL removes it
+    /// and the tenant's directory.
+    #[test]
+    fn a_release_that_finds_a_domain_without_its_lock_removes_it_and_the_tenant_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let policy = Policy::parse(serde_json::json!({"dataRoots": [root.path()]}).to_string().as_bytes()).unwrap();
+        let dir = root.path().join("team-a-ipam");
+        let soon = || Deadline::after(Duration::from_secs(5));
+        let data =
+            policy.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        fs::create_dir(dir.join("default")).unwrap();
+        let store = FileStore::open(data, "default", soon()).unwrap();
+        assert!(store.release("c1", "net1").unwrap().is_empty());
+        assert!(!dir.exists());
+    }
 }

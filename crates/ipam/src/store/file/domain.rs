@@ -55,8 +55,14 @@ impl Domain {
             let lock = match open_lock(&dir, create) {
                 Ok(Some(lock)) => lock,
                 // No lock file: a domain that never held anything (its lock comes before any
-                // record), or one removed meanwhile.
-                Ok(None) if !create => return Ok(None),
+                // record), or one removed meanwhile. Made by a request killed before its lock, it
+                // is empty: it goes (a plain rmdir; one making it meanwhile finds it gone when it
+                // creates its lock, and starts over).
+                Ok(None) if !create => {
+                    drop(dir);
+                    let _ = unlinkat(store.as_fd(), name, UnlinkatFlags::RemoveDir);
+                    return Ok(None);
+                }
                 Ok(None) => continue,
                 Err(e) => {
                     remove_if_empty(store, name, &dir);
