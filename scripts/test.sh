@@ -98,8 +98,8 @@ later cnitool "cnitool (scripts/tools/build-cnitool.sh)" bash scripts/tools/buil
 # entry-point checks, the demo, the image index of both architectures); and, at the lowest (nice
 # 19), the fuzz targets' build, then, while the tests run, each target fuzzed for 5 s after its
 # regressions. The arm64 build is the release profile without LTO (release-nolto, Cargo.toml):
-# the same code cross-compiled and linked as shipped, without the fat-LTO links that cost 300
-# CPU seconds more and ran alone, one binary at a time, at the end of the run (`bash
+# the same code cross-compiled and linked as shipped, without the fat-LTO links that cost about
+# 250 CPU seconds more and ran alone, one binary at a time, at the end of the run (`bash
 # scripts/arm64-check.sh` checks the shipped profile). The arm64 build has a target dir of its own
 # (cargo's locks never make one build wait for another); the fuzz targets build into
 # /var/cache/plexus-fuzz. Their reports are shown after the tests.
