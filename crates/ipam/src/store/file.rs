@@ -483,17 +483,27 @@ mod tests {
 
     use super::*;
 
+    fn soon() -> Deadline {
+        Deadline::after(Duration::from_secs(5))
+    }
+
+    /// A tenant's data directory under a data root of `root`, made and marked: its path and the
+    /// open directory.
+    fn tenant_dir(root: &std::path::Path) -> (std::path::PathBuf, DataDir) {
+        let policy = Policy::parse(serde_json::json!({"dataRoots": [root]}).to_string().as_bytes()).unwrap();
+        let dir = root.join("team-a-ipam");
+        let data =
+            policy.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        (dir, data)
+    }
+
     /// A DEL killed after its domain went and before the tenant's directory did (its parent
     /// plugin killed: the delegate dies with it): the runtime's next DEL finds nothing to release
     /// and removes the directory.
     #[test]
     fn a_release_that_finds_no_domain_removes_a_tenant_directory_left_empty() {
         let root = tempfile::tempdir().unwrap();
-        let policy = Policy::parse(serde_json::json!({"dataRoots": [root.path()]}).to_string().as_bytes()).unwrap();
-        let dir = root.path().join("team-a-ipam");
-        let soon = || Deadline::after(Duration::from_secs(5));
-        let data =
-            policy.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        let (dir, data) = tenant_dir(root.path());
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "its mark alone");
         let store = FileStore::open(data, "default", soon()).unwrap();
         assert!(store.release("c1", "net1").unwrap().is_empty());
@@ -506,11 +516,7 @@ mod tests {
     #[test]
     fn a_release_that_finds_a_domain_without_its_lock_removes_it_and_the_tenant_directory() {
         let root = tempfile::tempdir().unwrap();
-        let policy = Policy::parse(serde_json::json!({"dataRoots": [root.path()]}).to_string().as_bytes()).unwrap();
-        let dir = root.path().join("team-a-ipam");
-        let soon = || Deadline::after(Duration::from_secs(5));
-        let data =
-            policy.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon()).unwrap().unwrap();
+        let (dir, data) = tenant_dir(root.path());
         fs::create_dir(dir.join("default")).unwrap();
         let store = FileStore::open(data, "default", soon()).unwrap();
         assert!(store.release("c1", "net1").unwrap().is_empty());
