@@ -191,16 +191,13 @@ impl DataDir {
 }
 
 /// Remove the temp files of plexus's in `dir` (left by killed requests), through the directory's
-/// descriptor (an unlink never follows a link); `true` when there were any.
-fn remove_temp_files(dir: &SafeDir) -> bool {
-    let mut any = false;
+/// descriptor (an unlink never follows a link).
+fn remove_temp_files(dir: &SafeDir) {
     for e in std::fs::read_dir(dir.path()).into_iter().flatten().flatten() {
         if crate::files::is_temp_name(&e.file_name().to_string_lossy()) {
-            any = true;
             let _ = unlinkat(dir.as_fd(), e.file_name().as_os_str(), UnlinkatFlags::NoRemoveDir);
         }
     }
-    any
 }
 
 /// The names in `dir` other than its mark and plexus's temp files.
@@ -297,12 +294,11 @@ impl Policy {
                         return Err(self.not_ours(key, path, "it is not empty and carries no plexus mark"));
                     }
                     if found.is_empty() && !create {
-                        // Unmarked with nothing in it but plexus's temp files: a request was
-                        // killed while marking it. They go, and the directory if that empties
-                        // it (one marking it meanwhile loses its temp file and starts over).
-                        if remove_temp_files(&dir) {
-                            let _ = unlinkat(root_dir.as_fd(), name, UnlinkatFlags::RemoveDir);
-                        }
+                        // Unmarked with nothing in it but plexus's temp files, if that: a request
+                        // was killed between making it and marking it. It goes, with them (one
+                        // making or marking it meanwhile finds it gone and starts over).
+                        remove_temp_files(&dir);
+                        let _ = unlinkat(root_dir.as_fd(), name, UnlinkatFlags::RemoveDir);
                         return Ok(None);
                     }
                     match write_mark(&dir, &want) {
@@ -405,14 +401,17 @@ mod tests {
         assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, None, false, soon()).unwrap().is_none());
     }
 
-    /// A request killed while marking the directory it made left it unmarked with only its
-    /// temp file: the next request that finds it so, a DEL, removes both (CI's fault injection
-    /// found it left).
+    /// A request killed between making its directory and marking it left it unmarked, empty or
+    /// with only its mark's temp file: the next request that finds it so, a DEL, removes it (CI's
+    /// fault injection found one left).
     #[test]
     fn a_directory_left_unmarked_by_a_killed_request_goes_with_its_temp_file() {
         let root = tempfile::tempdir().unwrap();
         let p = policy(root.path());
         let dir = root.path().join("team-a-store");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), false, soon()).unwrap().is_none());
+        assert!(!dir.exists());
         std::fs::create_dir(&dir).unwrap();
         std::fs::write(dir.join(crate::files::temp_name(MARK)), b"{").unwrap();
         assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), false, soon()).unwrap().is_none());

@@ -59,7 +59,6 @@ impl Domain {
                 // is empty: it goes (a plain rmdir; one making it meanwhile finds it gone when it
                 // creates its lock, and starts over).
                 Ok(None) if !create => {
-                    drop(dir);
                     let _ = unlinkat(store.as_fd(), name, UnlinkatFlags::RemoveDir);
                     return Ok(None);
                 }
