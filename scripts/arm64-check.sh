@@ -20,7 +20,7 @@ need_packages qemu-user binutils
 # The shipped binaries and the test plugin the entry-point checks run (`--build-only`: that build
 # alone, its directory printed; scripts/test.sh builds it early, checks it after the tests).
 echo "== the arm64 build (scripts/build-release.sh, PLEXUS_ARCH=arm64)" >&2
-BIN=$(PLEXUS_ARCH=arm64 bash scripts/build-release.sh --workspace $(printf -- '--bin %s ' "${SHIPPED[@]}") --bin plexus-test-plugin)
+BIN=$(PLEXUS_ARCH=arm64 bash scripts/build-release.sh "${SHIPPED_BUILD[@]}" --bin plexus-test-plugin)
 if [ "${1:-}" = --build-only ]; then
   echo "$BIN"
   exit 0

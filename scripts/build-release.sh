@@ -55,9 +55,7 @@ unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 # Not position-independent (relocation-model=static), like the Go reference plugins: a static-pie
 # binary first applies its ~16k relocations and copies .data.rel.ro on every start (~0.15 ms for
 # plexus); the stack, heap and mmap areas stay randomized.
-# The workspace's packages are all selected (`--workspace`) even for a few binaries, so that
-# features unify as in every other build of the workspace and no dependency builds twice.
-[ $# -gt 0 ] || set -- --workspace $(printf -- '--bin %s ' "${SHIPPED[@]}")
+[ $# -gt 0 ] || set -- "${SHIPPED_BUILD[@]}"
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static -C relocation-model=static" \
   cargo build --profile "$profile" --locked --target "$target" "$@" >&2
 echo "$target_dir/$target/$profile"
