@@ -5,8 +5,8 @@
 #   - the entry point's spec-corner checks (tests/tests/entry_point.rs: the same bad input yields
 #     the reference plugin's code and message) against the arm64 binaries;
 #   - the demo's ADD and DEL through `plexus` in namespaces (scripts/demo.sh, arm64 binaries).
-# PLEXUS_PROFILE=release-nolto checks that profile's build instead of the shipped one (the test
-# command does: the same code without LTO, Cargo.toml).
+# PLEXUS_PROFILE=release-unoptimized checks that profile's build instead of the shipped one (the
+# test command does: the same code with the release profile's semantics, unoptimised, Cargo.toml).
 # scripts/test.sh runs it after the test suite. It registers a binfmt_misc handler for aarch64
 # ELF files when none is there, and removes only the one it registered.
 set -euo pipefail

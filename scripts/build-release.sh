@@ -8,7 +8,7 @@
 #
 #   bash scripts/build-release.sh                 # this machine's architecture
 #   PLEXUS_ARCH=arm64 bash scripts/build-release.sh   # linux/arm64 (aarch64), cross-compiled
-#   PLEXUS_PROFILE=release-nolto bash scripts/build-release.sh   # a cargo profile other than release
+#   PLEXUS_PROFILE=release-unoptimized bash scripts/build-release.sh   # a cargo profile other than release
 #
 # amd64 and arm64 are built on either: the other one with Debian's cross C toolchain
 # (gcc-aarch64-linux-gnu or gcc-x86-64-linux-gnu, for ring's C and the static link) and the Rust
@@ -20,7 +20,7 @@ source scripts/lib/shipped.sh
 # etcd-client's build script runs protoc (plexus-ipam's etcd store); a fresh machine has none.
 need_packages protobuf-compiler libprotobuf-dev
 host=$(rustc -vV | sed -n 's/^host: //p')
-# Set by the test and bench scripts only (the test command's arm64 check: Cargo.toml, release-nolto).
+# Set by the test and bench scripts only (the test command's arm64 check: Cargo.toml, release-unoptimized).
 profile=${PLEXUS_PROFILE:-release}
 target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
 case "${PLEXUS_ARCH:-}" in

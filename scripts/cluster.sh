@@ -57,7 +57,7 @@
 # - Eight RoCE ports (ens1f0np0 .. ens8f0np0, MTU 9000): an 8-rail GPU node.
 # - DRA: containerd reads CDI specs from the state dir's cdi/; the consumable-capacity feature
 #   gate is on (FEATURE_GATES).
-# - Two clusters may be up at once (PLEXUS_CLUSTER_SLOT): the kubelet keeps pod logs in the state
+# - Several clusters may be up at once (PLEXUS_CLUSTER_SLOT): the kubelet keeps pod logs in the state
 #   dir (its log GC removes the directories of pods it does not know, another kubelet's too) and
 #   containerd runs without NRI (its default socket is one per machine); PLEXUS_CLUSTER_NRI=1
 #   turns it on with its socket and plugin dirs in the state dir.
@@ -66,7 +66,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
 top=$(pwd)
 
-# PLEXUS_CLUSTER_SLOT=N: one of several clusters up at once (the tests run two), each with a
+# PLEXUS_CLUSTER_SLOT=N: one of several clusters up at once (the tests run three), each with a
 # state dir and namespaces of its own; everything else is inside those namespaces.
 slot=${PLEXUS_CLUSTER_SLOT:-}
 state=${PLEXUS_CLUSTER_DIR:-/var/lib/plexus-cluster${slot:+-$slot}}

@@ -7,7 +7,7 @@
 //! namespace, the node's links and addresses, plexus's data directories, whereabouts' objects.
 //!
 //! Each test brings up a cluster of its own (about half a minute) in one of [`SLOTS`] slots (a
-//! state dir and namespaces each, `PLEXUS_CLUSTER_SLOT`), so two run at once: a slot is a file
+//! state dir and namespaces each, `PLEXUS_CLUSTER_SLOT`), so three run at once: a slot is a file
 //! lock here, and nextest's `cluster` test group runs as many tests as there are slots
 //! (.config/nextest.toml).
 
@@ -22,9 +22,10 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// How many clusters may be up at once: the tests are more waiting than computing, and two
-/// fill this machine's two cores (`PLEXUS_CLUSTER_SLOTS` sets another number).
-pub const SLOTS: u32 = 2;
+/// How many clusters may be up at once: the tests are more waiting than computing, and three
+/// fill this machine's two cores (`PLEXUS_CLUSTER_SLOTS` sets another number; nextest's
+/// `cluster` group, .config/nextest.toml, runs as many at once).
+pub const SLOTS: u32 = 3;
 
 /// A slot of its own for this cluster: the first whose lock is free, waited for.
 pub fn take_slot() -> (u32, nix::fcntl::Flock<std::fs::File>) {
