@@ -11,11 +11,13 @@
 # too) reuses them and a changed module rebuilds alone; the Go module and build caches live there
 # during a build and are removed after it (see the end).
 # One build cache serves every module, and a package compiles once for all of them when its
-# version and those of everything below it are the same: so whereabouts' module and the test device
-# plugin's require the Kubernetes module's versions of what they share (k8s.io/client-go, api,
-# apimachinery, kubelet, grpc, golang.org/x/...), each side raised to the higher of the two
-# (`go get`, never lowered): whereabouts then builds in 3 CPU seconds after Kubernetes instead of
-# 129. Not containerd 2.0 (it does not compile against cri-api 0.34) nor crictl (its newer grpc and
+# version and those of everything below it are the same: so the modules of Multus, whereabouts and
+# the test device plugin and the Kubernetes module require the same versions of what they share
+# (k8s.io/client-go, api, apimachinery, kubelet, grpc, golang.org/x/..., otel), each raised to the
+# highest of them (`go get`, never lowered: Multus v4.2.3 asks for newer grpc and golang.org/x
+# than Kubernetes 1.34.4, Kubernetes for newer k8s.io than Multus): whereabouts then builds in 3
+# CPU seconds after Kubernetes instead of 129, and Multus needs only its own and the CNI
+# libraries' 42 packages. Not containerd 2.0 (it does not compile against cri-api 0.34) nor crictl (its newer grpc and
 # otel would raise some 40 of Kubernetes' modules), nor etcd or helm (newer than Kubernetes 1.34).
 # Prints the directory of the binaries (under their upstream names) on stdout; progress on stderr.
 #
