@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the fuzz targets (fuzz/, cargo fuzz + libFuzzer) for SECONDS each (default 60), all of them
+# Run the fuzz targets (fuzz/, libFuzzer) for SECONDS each (default 60), all of them
 # or the ones named, and print one line per target: executions, coverage, crashes. Exit 1 when a
 # target crashed (its input is in $PLEXUS_FUZZ_DIR/artifacts/<target>/; commit it under
 # fuzz/regressions/<target>/ with the fix: every run replays those first).
@@ -12,8 +12,11 @@
 #   PLEXUS_FUZZ_OPT_LEVEL=1 bash scripts/fuzz.sh 5   # built less optimised, in less time
 #                                                      # (scripts/test.sh's 5-second runs)
 #
-# Built optimised with debug assertions (overflow checks on), with the nightly toolchain
-# (sanitizers) and cargo-fuzz, installed here when missing. The build, the growing corpora and the
+# Built optimised with debug assertions (overflow checks on) and AddressSanitizer, with the nightly
+# toolchain (sanitizers; installed here when missing), as `cargo fuzz build -O --debug-assertions`
+# builds them: its flags (libFuzzer's coverage instrumentation, --cfg fuzzing) given to cargo
+# here, so that cargo-fuzz need not be compiled first (some 75 CPU seconds on a fresh machine);
+# `cargo fuzz run TARGET` works on fuzz/ as ever. The build, the growing corpora and the
 # artifacts live outside the clone ($PLEXUS_FUZZ_DIR, default /var/cache/plexus-fuzz): a repeat run
 # builds nothing and starts from what earlier runs found.
 set -euo pipefail
@@ -27,8 +30,6 @@ dir=${PLEXUS_FUZZ_DIR:-/var/cache/plexus-fuzz}
 mkdir -p "$dir"
 
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
-# A command that runs cargo: not optimised, it builds in less time.
-command -v cargo-fuzz >/dev/null || CARGO_PROFILE_RELEASE_OPT_LEVEL=0 cargo install --locked cargo-fuzz
 # The fuzz workspace resolves the versions the main workspace pinned.
 cp Cargo.lock fuzz/Cargo.lock
 
@@ -36,10 +37,19 @@ mapfile -t all < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
-echo "== cargo fuzz build (${#all[@]} targets; target dir $dir/target)"
-CARGO_PROFILE_RELEASE_OPT_LEVEL=${PLEXUS_FUZZ_OPT_LEVEL:-3} cargo +nightly fuzz build -O --debug-assertions --target-dir "$dir/target" >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
+# cargo-fuzz's flags for libFuzzer with AddressSanitizer on Linux (its `build -O --debug-assertions`).
+triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
+fuzzflags="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
+fuzzflags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"
+fuzzflags+=" -Cllvm-args=-sanitizer-coverage-trace-compares -Cllvm-args=-sanitizer-coverage-stack-depth"
+fuzzflags+=" --cfg fuzzing -Zsanitizer=address -Cdebug-assertions"
+echo "== the fuzz targets' build (${#all[@]} targets; target dir $dir/target)"
+# --target: the flags reach the targets and their dependencies, never build scripts or proc-macros.
+(cd fuzz && RUSTFLAGS="$fuzzflags" RUSTDOCFLAGS="$fuzzflags" \
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=${PLEXUS_FUZZ_OPT_LEVEL:-3} cargo +nightly build --release --bins \
+  --target "$triple" --target-dir "$dir/target") >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
 [ -z "$build_only" ] || exit 0
-bin=$dir/target/x86_64-unknown-linux-gnu/release
+bin=$dir/target/$triple/release
 
 rm -rf "$dir/seeds"
 python3 fuzz/seeds.py "$dir/seeds"
