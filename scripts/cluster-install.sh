@@ -44,11 +44,13 @@ trap 'rm -rf "$work"' EXIT
 arch=$(dpkg --print-architecture)
 # The image's archive is made once per build and kept beside it: the real-cluster tests install
 # the same build a dozen times (each image build: 3 s and 4 CPU seconds, a gzip of 50 MB). Its key
-# is what goes into it: the binaries, the Containerfile and the script, and the revision (labels).
+# is what goes into it: the binaries (by name, size and modification time: a build that changes
+# one rewrites it; hashing their 60 MB at each install cost more than the rest of it), the
+# Containerfile and the script, and the revision (labels).
 bin=$(bash scripts/build-release.sh)
 images=${CARGO_TARGET_DIR:-$(pwd)/target}/tmp/images
 mkdir -p "$images"
-key=$({ cat "$bin"/plexus*; cat deploy/image/Containerfile scripts/build-image.sh; git rev-parse HEAD 2> /dev/null
+key=$({ stat -c '%n %s %.9Y' "$bin"/plexus*; cat deploy/image/Containerfile scripts/build-image.sh; git rev-parse HEAD 2> /dev/null
   git status --porcelain 2> /dev/null; } | sha256sum | cut -c1-16)
 archive=$images/plexus-$arch-$key.tar
 (
