@@ -15,7 +15,7 @@ source scripts/lib/packages.sh
 source scripts/lib/shipped.sh
 [ "$(id -u)" = 0 ] || { echo "arm64-check.sh: run as root (binfmt_misc, namespaces)" >&2; exit 1; }
 [ "$(uname -m)" = aarch64 ] && { echo "arm64-check.sh: this machine is arm64 already: the test suite runs there" >&2; exit 0; }
-need_packages qemu-user binutils
+need_packages qemu-user binutils python3
 
 # The shipped binaries and the test plugin the entry-point checks run (`--build-only`: that build
 # alone, its directory printed; scripts/test.sh builds it early, checks it after the tests).
@@ -51,7 +51,7 @@ echo "== the entry point's spec-corner checks, arm64 binaries under qemu-user"
 # The workspace's feature set, as the test command's own build and run: `-p plexus-tests` alone
 # would unify features differently and build a dozen dependencies again (a minute on a fresh
 # machine); only the entry_point binary runs.
-PLEXUS_TEST_BIN_DIR=$BIN cargo nextest run --workspace -E 'binary(entry_point)' --locked --no-fail-fast
+PLEXUS_TEST_BIN_DIR=$BIN python3 scripts/runtests.py -E 'binary(entry_point)' --workspace --locked
 
 echo "== the demo: ADD and DEL through plexus, arm64 binaries under qemu-user"
 out=$(PLEXUS_DEMO_BIN=$BIN bash scripts/demo.sh 2>&1) || { echo "$out"; exit 1; }

@@ -42,7 +42,7 @@ if [ "$target" != "$host" ]; then
   target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}/cross
   export CARGO_TARGET_DIR=$target_dir
 fi
-# Called from a test (scripts/cluster-install.sh under cargo nextest), this script inherits the
+# Called from a test (scripts/cluster-install.sh under the test runner), this script inherits the
 # variables cargo sets for the test crate. ring's build script reruns when CARGO_MANIFEST_DIR
 # changes, so one of them left set rebuilds ring and everything above it (kube, rustls, tonic):
 # minutes inside a test, then again outside it. The build sees what a shell would.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README.md; .ci/run calls exactly this). On a fresh machine with only the Rust
 # toolchain it installs what the tests need, then runs: fmt check, clippy -D warnings, the build
-# of every binary, and the whole suite under nextest. Needs root: the tests create namespaces.
+# of every binary, and the whole suite (scripts/runtests.py, as nextest would). Needs root: the
+# tests create namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
@@ -122,14 +123,6 @@ arm64() {
 }
 later fuzzing "the fuzz targets: build and 5-second runs, at nice 19" fuzzing
 later arm64 "the arm64 build and its check, at nice 10" arm64
-# Without its default features (the self-update: an HTTP client and archive formats; USDT probes
-# for DTrace: neither used here), and not optimised: it starts processes (cold, beside the
-# background builds, 402 s against 981 s at opt-level 1; alone, 165 CPU seconds, 180 with the
-# probes).
-step "cargo-nextest"
-command -v cargo-nextest > /dev/null ||
-  CARGO_PROFILE_RELEASE_OPT_LEVEL=0 cargo install --locked cargo-nextest --no-default-features
-
 step "cargo fmt --check"
 cargo fmt --all -- --check
 # clippy's driver is rustc with clippy's lints: made the workspace's compiler (dependencies are
@@ -138,7 +131,7 @@ cargo fmt --all -- --check
 # and the tests themselves, where clippy and then the build compiled every dependency twice.
 # CLIPPY_ARGS is how cargo-clippy hands its arguments to the driver; the probe shows the driver
 # takes them (a lint it must deny) before the build relies on it. The later cargo commands here
-# (nextest, the arm64 check's) keep both variables, so they build nothing again.
+# (the test runner's, the arm64 check's) keep both variables, so they build nothing again.
 step "cargo clippy -D warnings and the build of every target, in one pass"
 export RUSTC_WORKSPACE_WRAPPER=$clippy_driver CLIPPY_ARGS=$clippy_args
 if echo 'pub fn f(v: &Vec<u8>) -> usize { v.len() }' | CARGO_PRIMARY_PACKAGE=1 "$RUSTC_WORKSPACE_WRAPPER" rustc - \
@@ -152,9 +145,12 @@ step "waiting for the shipped build, the peers and cnitool"
 await release
 await peers
 await cnitool
+# The tests run by scripts/runtests.py as cargo-nextest would run them (a process each, scheduled
+# by .config/nextest.toml: groups, priorities, the timeout), every one of them whatever fails: a
+# fresh machine would compile nextest first, 165 CPU seconds of a run that is short of CPU.
 step "tests"
 touch "$bg/testing"
-cargo nextest run --workspace --locked --no-fail-fast
+python3 scripts/runtests.py --workspace --locked
 step "waiting for the fuzz runs and the arm64 check"
 await fuzzing
 await arm64
