@@ -132,7 +132,7 @@ def load_config(text):
     profile = doc.get("profile", {}).get("default", {})
     c = Config()
     threads = profile.get("test-threads", os.cpu_count() or 1)
-    c.threads = os.cpu_count() or 1 if threads == "num-cpus" else int(threads)
+    c.threads = (os.cpu_count() or 1) if threads == "num-cpus" else int(threads)
     slow = profile.get("slow-timeout")
     if isinstance(slow, str):
         c.slow = parse_duration(slow)
@@ -163,7 +163,10 @@ class Binary:
 def build_tests(cargo_args):
     """The test binaries cargo builds (nothing when they are built already), as nextest finds them."""
     cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *cargo_args]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, text=True).stdout
+    built = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if built.returncode != 0:
+        raise SystemExit(f"runtests.py: the tests did not build (`{' '.join(cmd)}` exited {built.returncode})")
+    out = built.stdout
     meta = subprocess.run(["cargo", "metadata", "--no-deps", "--format-version", "1"], stdout=subprocess.PIPE,
                           check=True, text=True).stdout
     packages = {p["manifest_path"]: p["name"] for p in json.loads(meta)["packages"]}
