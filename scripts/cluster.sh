@@ -314,15 +314,17 @@ EOF
 # images: the sandbox and test images imported into the current node's containerd. Made from the
 # machine's busybox once for all clusters: kept in $PLEXUS_CLUSTER_IMAGES (default
 # /var/cache/plexus-cluster-images) under a key of the busybox binary and of how they are made,
-# each set renamed into place whole (clusters coming up at once may both make it; one rename wins).
+# each set made in a staging dir of this state dir's name beside it and renamed into place whole
+# (clusters coming up at once may both make it; one rename wins; a staging dir a failed `up` left
+# is removed by the next in its slot).
 images() {
   local img dir key
   key=$({ sha256sum < /bin/busybox; declare -f build_images; echo "$PAUSE_IMAGE $TEST_IMAGE"; } | sha256sum | cut -c1-16)
   dir=${PLEXUS_CLUSTER_IMAGES:-/var/cache/plexus-cluster-images}/$key
   if [ ! -f "$dir/test.tar" ]; then
-    mkdir -p "${dir%/*}"
-    local new
-    new=$(mktemp -d "${dir%/*}/.new-XXXXXX")
+    local new=${dir%/*}/.new-${state##*/}
+    rm -rf "$new"
+    mkdir -p "$new"
     build_images "$new"
     mv -T "$new" "$dir" 2> /dev/null || rm -rf "$new"
   fi

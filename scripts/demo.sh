@@ -14,8 +14,12 @@ need_packages iproute2   # build-release.sh installs what the build needs (proto
 if [ -n "${PLEXUS_DEMO_BIN:-}" ]; then
   BIN=$PLEXUS_DEMO_BIN
 else
-  echo "== building plexus, plexus-macvlan and plexus-ipam (scripts/build-release.sh: what the demo runs)"
-  BIN=$(bash scripts/build-release.sh -p plexus -p plexus-macvlan -p plexus-ipam)
+  # The shipped code with the release profile's semantics, unoptimised (release-unoptimized,
+  # Cargo.toml): the demo shows what plexus does, and its build takes a minute or so where the
+  # shipped profile's fat-LTO links take over four (PLEXUS_PROFILE=release builds that).
+  profile=${PLEXUS_PROFILE:-release-unoptimized}
+  echo "== building plexus, plexus-macvlan and plexus-ipam (scripts/build-release.sh, profile $profile: what the demo runs)"
+  BIN=$(PLEXUS_PROFILE=$profile bash scripts/build-release.sh -p plexus -p plexus-macvlan -p plexus-ipam)
 fi
 
 work=$(mktemp -d)

@@ -37,15 +37,17 @@ mapfile -t all < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
-# cargo-fuzz's flags for libFuzzer with AddressSanitizer on Linux (its `build -O --debug-assertions`).
+# cargo-fuzz's flags for libFuzzer with AddressSanitizer on Linux (0.13's `build -O
+# --debug-assertions`; the line tables it asks for are fuzz/Cargo.toml's).
 triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
 fuzzflags="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
 fuzzflags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"
 fuzzflags+=" -Cllvm-args=-sanitizer-coverage-trace-compares -Cllvm-args=-sanitizer-coverage-stack-depth"
+fuzzflags+=" -Cllvm-args=-simplifycfg-branch-fold-threshold=0 -Ccodegen-units=1"
 fuzzflags+=" --cfg fuzzing -Zsanitizer=address -Cdebug-assertions"
 echo "== the fuzz targets' build (${#all[@]} targets; target dir $dir/target)"
 # --target: the flags reach the targets and their dependencies, never build scripts or proc-macros.
-(cd fuzz && RUSTFLAGS="$fuzzflags" RUSTDOCFLAGS="$fuzzflags" \
+(cd fuzz && RUSTFLAGS="$fuzzflags" \
   CARGO_PROFILE_RELEASE_OPT_LEVEL=${PLEXUS_FUZZ_OPT_LEVEL:-3} cargo +nightly build --release --bins \
   --target "$triple" --target-dir "$dir/target") >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
 [ -z "$build_only" ] || exit 0

@@ -52,6 +52,8 @@ def parse_filter(expr):
         pos = m.end()
 
     def leaf(fn, arg):
+        if fn in ("binary", "package", "test") and arg[:1] in ("=", "~", "/", "#"):
+            raise ValueError(f"filter {expr!r}: {fn}({arg}): nextest's matchers (=, ~, /re/, #glob) are not read here")
         if fn == "binary":
             return lambda t: fnmatch.fnmatchcase(t.binary, arg)
         if fn == "package":
@@ -127,12 +129,25 @@ class Config:
         return group, priority or 0
 
 
+# What this runner reads of nextest's config; anything else is refused, so that the two runners
+# never differ silently.
+PROFILE_KEYS = {"test-threads", "slow-timeout", "overrides"}
+OVERRIDE_KEYS = {"filter", "test-group", "priority"}
+
+
 def load_config(text):
     doc = tomllib.loads(text)
+    if set(doc) - {"profile", "test-groups"} or set(doc.get("profile", {})) - {"default"}:
+        raise ValueError("nextest.toml: only [profile.default] and [test-groups] are read here")
     profile = doc.get("profile", {}).get("default", {})
+    if set(profile) - PROFILE_KEYS:
+        raise ValueError(f"nextest.toml: {sorted(set(profile) - PROFILE_KEYS)} not read here")
     c = Config()
-    threads = profile.get("test-threads", os.cpu_count() or 1)
-    c.threads = (os.cpu_count() or 1) if threads == "num-cpus" else int(threads)
+    cpus = os.cpu_count() or 1
+    threads = profile.get("test-threads", cpus)
+    c.threads = cpus if threads == "num-cpus" else int(threads)
+    if c.threads <= 0:
+        c.threads = max(1, cpus + c.threads)  # nextest: num-cpus minus that many
     slow = profile.get("slow-timeout")
     if isinstance(slow, str):
         c.slow = parse_duration(slow)
@@ -142,6 +157,8 @@ def load_config(text):
             c.timeout = c.slow * int(slow["terminate-after"])
     c.groups = {name: int(g["max-threads"]) for name, g in doc.get("test-groups", {}).items()}
     for o in profile.get("overrides", []):
+        if set(o) - OVERRIDE_KEYS:
+            raise ValueError(f"override {o.get('filter')!r}: {sorted(set(o) - OVERRIDE_KEYS)} not read here")
         group = o.get("test-group")
         if group is not None and group not in c.groups:
             raise ValueError(f"override {o['filter']!r}: no test group {group!r}")
@@ -241,7 +258,11 @@ def next_runnable(queue, running, config):
 
 
 class Interrupted(Exception):
-    """The runner was told to stop (SIGINT, SIGTERM): the running tests were ended first."""
+    """The runner was told to stop (SIGINT, SIGTERM, SIGHUP, SIGQUIT): the running tests were ended
+    first."""
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 
 
 def run(jobs, config, out=sys.stdout, poll=0.05, grace=10.0):
@@ -255,10 +276,16 @@ def run(jobs, config, out=sys.stdout, poll=0.05, grace=10.0):
         for r in running:
             _signal_group(r.proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for r in running:
-            try:
-                r.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        try:
+            for r in running:
+                try:
+                    r.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(r.proc, signal.SIGKILL)
+                    r.proc.wait()
+        except (KeyboardInterrupt, Interrupted):
+            # Told again while waiting: no more grace.
+            for r in running:
                 _signal_group(r.proc, signal.SIGKILL)
                 r.proc.wait()
         raise Interrupted() from None
@@ -274,10 +301,15 @@ def _run(jobs, config, out, poll, grace, running):
                 break
             job = queue.pop(i)
             log = tempfile.TemporaryFile()
-            proc = subprocess.Popen([job.binary.exe, "--exact", job.test.name, "--nocapture"], cwd=job.binary.cwd,
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            running.append(Running(job, proc, log, time.monotonic()))
+            # No signal between the start and the bookkeeping: a test started is a test ended.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS | {signal.SIGINT})
+            try:
+                proc = subprocess.Popen([job.binary.exe, "--exact", job.test.name, "--nocapture"], cwd=job.binary.cwd,
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+                running.append(Running(job, proc, log, time.monotonic()))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         time.sleep(poll)
         now = time.monotonic()
         for r in list(running):
@@ -317,18 +349,20 @@ def _signal_group(proc, sig):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-E", "--filter-expr", action="append", default=[], help="a filterset (nextest's syntax, a subset)")
-    ap.add_argument("--config", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".config", "nextest.toml"))
+    ap.add_argument("--nextest-config", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".config", "nextest.toml"))
     # Everything else is for `cargo test --no-run` (default: --workspace).
     args, cargo_args = ap.parse_known_args(argv)
-    with open(args.config, "rb") as f:
+    with open(args.nextest_config, "rb") as f:
         config = load_config(f.read().decode())
     filters = [parse_filter(e) for e in args.filter_expr]
     def stop(signum, frame):
         raise Interrupted()
 
-    signal.signal(signal.SIGTERM, stop)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
     started = time.monotonic()
     jobs = []
     for b in build_tests(cargo_args or ["--workspace"]):
@@ -338,6 +372,10 @@ def main(argv=None):
                 continue
             group, priority = config.settings(t)
             jobs.append(Job(t, b, group, priority))
+    if not jobs:
+        # As nextest: a run that selects nothing is a mistake (a filter matching no test).
+        print("runtests.py: no test matches", file=sys.stderr)
+        return 4
     print(f"    Starting {len(jobs)} tests, {config.threads} at a time", flush=True)
     try:
         passed, failed = run(jobs, config)

@@ -43,7 +43,8 @@ class Filters(unittest.TestCase):
 
     def test_what_it_cannot_read_is_an_error_naming_it(self):
         for bad, says in [("binary(a) &", "ends early"), ("(binary(a)", "not closed"), ("kind(lib)", "unknown"),
-                          ("binary(a) binary(b)", "unexpected"), ("binary(a) % x", "cannot read")]:
+                          ("binary(a) binary(b)", "unexpected"), ("binary(a) % x", "cannot read"),
+                          ("test(=exact)", "matchers"), ("binary(~clu)", "matchers"), ("test(/re/)", "matchers")]:
             with self.assertRaises(ValueError) as e:
                 rt.parse_filter(bad)
             self.assertIn(says, str(e.exception), bad)
@@ -79,6 +80,16 @@ class Config(unittest.TestCase):
         self.assertEqual((c.threads, c.slow, c.timeout), (2, 30, None))
         self.assertEqual(c.settings(t("a", "x")), ("g", 5))
         self.assertEqual(c.settings(t("b", "x")), ("g", 1))
+
+    def test_a_setting_it_does_not_read_is_refused_not_ignored(self):
+        for text in ["[profile.default]\nretries = 2\n", "[profile.ci]\ntest-threads = 1\n",
+                     "[[profile.default.overrides]]\nfilter = 'all()'\nslow-timeout = '1s'\n"]:
+            with self.assertRaises(ValueError, msg=text):
+                rt.load_config(text)
+
+    def test_a_thread_count_below_one_counts_down_from_the_cpus(self):
+        c = rt.load_config("[profile.default]\ntest-threads = -100\n")
+        self.assertEqual(c.threads, 1)
 
     def test_an_override_naming_a_group_that_is_not_there_is_an_error(self):
         with self.assertRaises(ValueError):
@@ -183,12 +194,39 @@ class Scheduling(unittest.TestCase):
     def test_interrupted_it_ends_the_running_tests_before_it_stops(self):
         c = rt.Config(threads=1)
         jobs = [rt.Job(rt.Test("p", "fake", "p::fake", "hangs"), self.binary, None, 0)]
-        threading.Timer(0.5, _thread.interrupt_main).start()
+        def started():
+            try:
+                with open(self.log) as f:
+                    return next((int(line.split()[2]) for line in f if line.startswith("pid hangs")), None)
+            except FileNotFoundError:
+                return None
+
+        def interrupt_once_started():
+            deadline = time.monotonic() + 20
+            while started() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            _thread.interrupt_main()
+
+        threading.Thread(target=interrupt_once_started, daemon=True).start()
         with self.assertRaises(rt.Interrupted):
             rt.run(jobs, c, out=io.StringIO(), poll=0.01, grace=0.3)
-        with open(self.log) as f:
-            pid = next(int(line.split()[2]) for line in f if line.startswith("pid hangs"))
+        pid = started()
+        self.assertIsNotNone(pid, "the test never started")
         self.assertFalse(os.path.exists(f"/proc/{pid}"), "the test outlived the runner")
+
+
+class Main(unittest.TestCase):
+    def test_a_filter_that_selects_no_test_fails_the_run(self):
+        dir = tempfile.TemporaryDirectory()
+        self.addCleanup(dir.cleanup)
+        exe = os.path.join(dir.name, "fake")
+        with open(exe, "w") as f:
+            f.write(FAKE)
+        os.chmod(exe, stat.S_IRWXU)
+        real = rt.build_tests
+        rt.build_tests = lambda args: [rt.Binary("p", "fake", "p::fake", exe, dir.name)]
+        self.addCleanup(setattr, rt, "build_tests", real)
+        self.assertEqual(rt.main(["-E", "binary(entry_point)"]), 4)
 
 
 if __name__ == "__main__":
