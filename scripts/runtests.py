@@ -301,15 +301,12 @@ def _run(jobs, config, out, poll, grace, running):
                 break
             job = queue.pop(i)
             log = tempfile.TemporaryFile()
-            # No signal between the start and the bookkeeping: a test started is a test ended.
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS | {signal.SIGINT})
-            try:
-                proc = subprocess.Popen([job.binary.exe, "--exact", job.test.name, "--nocapture"], cwd=job.binary.cwd,
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-                running.append(Running(job, proc, log, time.monotonic()))
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            # Signals are not blocked around the start: a test inherits the mask it is started
+            # with, and one started with SIGTERM blocked never sees its daemons' SIGTERM either.
+            proc = subprocess.Popen([job.binary.exe, "--exact", job.test.name, "--nocapture"], cwd=job.binary.cwd,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            running.append(Running(job, proc, log, time.monotonic()))
         time.sleep(poll)
         now = time.monotonic()
         for r in list(running):

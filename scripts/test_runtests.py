@@ -120,7 +120,7 @@ FAKE = """#!/bin/sh
 # A test binary: `--list --format terse [--ignored]`, or `--exact NAME --nocapture`.
 if [ "$1" = --list ]; then
   if [ "$4" = --ignored ]; then echo "ignored_one: test"; exit 0; fi
-  printf 'g_one: test\\ng_two: test\\ng_three: test\\nfree: test\\nfails: test\\nhangs: test\\nignored_one: test\\nbench_x: benchmark\\n'
+  printf 'g_one: test\\ng_two: test\\ng_three: test\\nfree: test\\nfails: test\\nhangs: test\\nsignals: test\\nignored_one: test\\nbench_x: benchmark\\n'
   exit 0
 fi
 name=$2
@@ -131,6 +131,7 @@ case $name in
   free) sleep 0.2 ;;
   fails) echo "assertion failed: the output is shown"; exit 101 ;;
   hangs) trap '' TERM; sleep 30 ;;
+  signals) grep -E '^Sig(Blk|Ign)' /proc/$$/status | tr -d '\t' | sed 's/^/sig /' >> "$LOG" ;;
 esac
 echo "end $name $(date +%s.%N)" >> "$LOG"
 """
@@ -156,12 +157,12 @@ class Scheduling(unittest.TestCase):
         with open(self.log) as f:
             for line in f:
                 what, name, at = line.split()
-                if what != "pid":
+                if what not in ("pid", "sig"):
                     (start if what == "start" else end)[name] = float(at)
         return start, end
 
     def test_listing_leaves_out_ignored_tests_and_benchmarks(self):
-        self.assertEqual(rt.list_tests(self.binary), ["g_one", "g_two", "g_three", "free", "fails", "hangs"])
+        self.assertEqual(rt.list_tests(self.binary), ["g_one", "g_two", "g_three", "free", "fails", "hangs", "signals"])
 
     def test_a_group_runs_no_more_than_its_share_and_the_rest_runs_beside_it_highest_priority_first(self):
         c = rt.Config(threads=3, groups={"g": 1})
@@ -190,6 +191,16 @@ class Scheduling(unittest.TestCase):
         self.assertEqual(why, {"fails": "exit status 101", "hangs": "timed out after 0.5 s"})
         self.assertIn("assertion failed: the output is shown", out.getvalue())
         self.assertIn("SLOW", out.getvalue())
+
+    def test_a_test_starts_with_no_signal_blocked_or_ignored(self):
+        # A test that inherited a blocked SIGTERM would pass it on to the daemons it starts, which
+        # then never stop when told to (the daemon tests found it).
+        jobs = [rt.Job(rt.Test("p", "fake", "p::fake", "signals"), self.binary, None, 0)]
+        passed, failed = rt.run(jobs, rt.Config(threads=1), out=io.StringIO(), poll=0.01)
+        self.assertEqual((len(passed), failed), (1, []))
+        with open(self.log) as f:
+            masks = dict(line.split()[1].split(":") for line in f if line.startswith("sig "))
+        self.assertEqual(masks, {"SigBlk": "0000000000000000", "SigIgn": "0000000000000000"})
 
     def test_interrupted_it_ends_the_running_tests_before_it_stops(self):
         c = rt.Config(threads=1)

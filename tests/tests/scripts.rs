@@ -32,5 +32,5 @@ fn the_benchmark_and_check_steps_pass_their_unit_tests() {
 
 #[test]
 fn the_test_runner_reads_filters_and_the_config_as_nextest_and_keeps_groups_priorities_and_the_timeout() {
-    unit_tests_pass("scripts", "test_runtests", 14);
+    unit_tests_pass("scripts", "test_runtests", 15);
 }
