@@ -288,6 +288,8 @@ def run(jobs, config, out=sys.stdout, poll=0.05, grace=10.0):
             for r in running:
                 _signal_group(r.proc, signal.SIGKILL)
                 r.proc.wait()
+        for r in running:
+            r.log.close()
         raise Interrupted() from None
 
 
