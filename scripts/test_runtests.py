@@ -137,13 +137,19 @@ echo "end $name $(date +%s.%N)" >> "$LOG"
 """
 
 
+def fake_binary(dir):
+    """FAKE written to DIR/fake, executable; its path."""
+    exe = os.path.join(dir, "fake")
+    with open(exe, "w") as f:
+        f.write(FAKE)
+    os.chmod(exe, stat.S_IRWXU)
+    return exe
+
+
 class Scheduling(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
-        self.exe = os.path.join(self.dir.name, "fake")
-        with open(self.exe, "w") as f:
-            f.write(FAKE)
-        os.chmod(self.exe, stat.S_IRWXU)
+        self.exe = fake_binary(self.dir.name)
         self.log = os.path.join(self.dir.name, "log")
         os.environ["LOG"] = self.log
         self.binary = rt.Binary("p", "fake", "p::fake", self.exe, self.dir.name)
@@ -234,10 +240,7 @@ class Main(unittest.TestCase):
     def test_a_filter_that_selects_no_test_fails_the_run(self):
         dir = tempfile.TemporaryDirectory()
         self.addCleanup(dir.cleanup)
-        exe = os.path.join(dir.name, "fake")
-        with open(exe, "w") as f:
-            f.write(FAKE)
-        os.chmod(exe, stat.S_IRWXU)
+        exe = fake_binary(dir.name)
         real = rt.build_tests
         rt.build_tests = lambda args: [rt.Binary("p", "fake", "p::fake", exe, dir.name)]
         self.addCleanup(setattr, rt, "build_tests", real)
