@@ -436,7 +436,7 @@ fn del_removes_the_cache_temp_files_a_killed_plexus_left_and_succeeds_on_a_read_
     let s = Standalone::new();
     let c = s.conf("rail0");
     assert!(s.run("ADD", &c).success());
-    // A plexus killed while it replaced the cache leaves `.<containerID>.tmp<pid>`.
+    // A plexus killed while it replaced the cache leaves `.<containerID>.tmp<tid>`.
     let leftover = s.cache_dir().join(".pod1.tmp4242");
     let other = s.cache_dir().join(".pod2.tmp4242");
     std::fs::write(&leftover, b"{").unwrap();

@@ -401,6 +401,36 @@ mod tests {
         assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, None, false, soon()).unwrap().is_none());
     }
 
+    /// plexus-daemon runs requests on many threads: the first requests of a new tenant directory,
+    /// at once in one process, all get it marked (CI saw one fail with "File exists" when the
+    /// mark's temp file was named by the process).
+    #[test]
+    fn threads_of_one_process_making_one_tenant_directory_at_once_all_get_it() {
+        for round in 0..20 {
+            let root = tempfile::tempdir().unwrap();
+            let p = policy(root.path());
+            let dir = root.path().join("team-a-store");
+            let barrier = std::sync::Barrier::new(8);
+            std::thread::scope(|s| {
+                let made: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| {
+                            barrier.wait();
+                            p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon())
+                                .map(|d| d.is_some_and(|d| d.is_tenant()))
+                        })
+                    })
+                    .collect();
+                for m in made {
+                    assert!(m.join().unwrap().unwrap(), "round {round}");
+                }
+            });
+            // The last one out removed it, empty: no temp file of a mark is left anywhere.
+            let left: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert!(left.is_empty(), "round {round}: {left:?}");
+        }
+    }
+
     /// A request killed between making its directory and marking it left it unmarked, empty or
     /// with only its mark's temp file: the next request that finds it so, a DEL, removes it (CI's
     /// fault injection found one left).

@@ -29,16 +29,20 @@ pub fn create_private(path: &Path) -> std::io::Result<File> {
 }
 
 /// Whether `name` is a temp file name [`replace_private_via`] and its siblings make
-/// (`.<name>.tmp<pid>`): a sweep of leftovers removes only these.
+/// (`.<name>.tmp<tid>`): a sweep of leftovers removes only these.
 pub fn is_temp_name(name: &str) -> bool {
     name.strip_prefix('.')
         .and_then(|rest| rest.rsplit_once(".tmp"))
         .is_some_and(|(base, pid)| !base.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// The temp name beside `name` for this process.
+/// The temp name beside `name` for the calling thread: its thread id, which no other live thread
+/// of any process has (a single-threaded process's is its pid). Named by the thread, not the
+/// process: plexus-daemon runs requests on many threads at once, and two of them writing beside
+/// the same name (two pods' first requests marking one data directory) would otherwise remove and
+/// create each other's temp file ("File exists").
 pub fn temp_name(name: &str) -> String {
-    format!(".{name}.tmp{}", std::process::id())
+    format!(".{name}.tmp{}", nix::unistd::gettid())
 }
 
 /// What tells a file's contents apart for a process that keeps what it read from it: replaced
@@ -363,6 +367,27 @@ mod tests {
         replace_private(&dir.join("state"), b"new").unwrap();
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
         assert_eq!(fs::read(dir.join("state")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn threads_of_one_process_replacing_one_file_at_once_all_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        std::thread::scope(|s| {
+            let writers: Vec<_> = (0..8u8)
+                .map(|i| {
+                    let path = &path;
+                    s.spawn(move || (0..200).try_for_each(|_| replace_private(path, &[i; 64])))
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap().unwrap();
+            }
+        });
+        let last = fs::read(&path).unwrap();
+        assert!(last.len() == 64 && last.iter().all(|b| *b == last[0]), "one write whole: {last:?}");
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["state"], "no temp file left");
     }
 
     #[test]

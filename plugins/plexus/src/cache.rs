@@ -137,15 +137,15 @@ pub fn parse(bytes: &[u8]) -> Result<(Cache, bool), Unusable> {
     Ok((cache, false))
 }
 
-/// Temp files a killed plexus left for container `container_id` (`.<containerID>.tmp<pid>`,
+/// Temp files a killed plexus left for container `container_id` (`.<containerID>.tmp<tid>`,
 /// the atomic write of its cache): DEL removes them with the cache.
 pub fn remove_leftovers(cni_dir: &Path, container_id: &str) {
     let Ok(entries) = std::fs::read_dir(cni_dir) else { return };
     let prefix = format!(".{container_id}.tmp");
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name.strip_prefix(&prefix).unwrap_or_default();
-        if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) {
+        let tid = name.strip_prefix(&prefix).unwrap_or_default();
+        if !tid.is_empty() && tid.bytes().all(|b| b.is_ascii_digit()) {
             let _ = files::remove_if_present(&e.path());
         }
     }

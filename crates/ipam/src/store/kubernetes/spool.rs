@@ -163,7 +163,7 @@ impl Spool {
         }
         remove(&answer)?;
         // Locked before it is visible under its name, so a leader never takes it for dead.
-        let temp = self.dir.join(format!(".{name}.{}.tmp{}", kind.extensions().0, std::process::id()));
+        let temp = self.dir.join(plexus_node::files::temp_name(&format!("{name}.{}", kind.extensions().0)));
         remove(&temp)?;
         let mut file = create_private(&temp)?;
         file.lock()?;
@@ -232,7 +232,7 @@ impl Spool {
     pub fn answer(&self, to: &Waiting, answer: &Answer) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
         let name = to.answer.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let temp = self.dir.join(format!(".{name}.tmp{}", std::process::id()));
+        let temp = self.dir.join(plexus_node::files::temp_name(name));
         remove(&temp)?;
         let written = create_private(&temp).and_then(|mut f| f.write_all(&bytes));
         if let Err(e) = written.and_then(|()| std::fs::rename(&temp, &to.answer)) {
