@@ -410,14 +410,16 @@ mod tests {
             let root = tempfile::tempdir().unwrap();
             let p = policy(root.path());
             let dir = root.path().join("team-a-store");
-            let barrier = std::sync::Barrier::new(8);
+            let (start, using) = (std::sync::Barrier::new(8), std::sync::Barrier::new(8));
             std::thread::scope(|s| {
                 let made: Vec<_> = (0..8)
                     .map(|_| {
                         s.spawn(|| {
-                            barrier.wait();
-                            p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon())
-                                .map(|d| d.is_some_and(|d| d.is_tenant()))
+                            start.wait();
+                            let got = p.data_dir("dataDir", &dir, Kind::IpamFileStore, Some("team-a"), true, soon());
+                            // Each request uses it until all have it, as requests at once do.
+                            using.wait();
+                            got.map(|d| d.is_some_and(|d| d.is_tenant()))
                         })
                     })
                     .collect();

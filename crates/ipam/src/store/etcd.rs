@@ -255,7 +255,7 @@ impl EtcdStore {
             .filter(|ip| !skip.contains(ip) && !used.contains(&self.ip_key(*ip, &key, req.overlapping)))
             .take(8)
             .collect();
-        Ok((!free.is_empty()).then(|| free[std::process::id() as usize % free.len()]))
+        Ok((!free.is_empty()).then(|| free[super::spread() as usize % free.len()]))
     }
 
     async fn allocate_once(
@@ -419,7 +419,7 @@ impl Store for EtcdStore {
                 if Instant::now() >= deadline {
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(1 + (attempt as u64 % 4) * u64::from(std::process::id() % 3)))
+                tokio::time::sleep(Duration::from_millis(1 + (attempt as u64 % 4) * u64::from(super::spread() % 3)))
                     .await;
             }
             Err(unavailable("etcd: too much contention, no allocation committed in time"))

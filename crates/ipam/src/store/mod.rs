@@ -102,6 +102,13 @@ fn connect(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamErr
     }
 }
 
+/// A number that sets concurrent requests apart, to spread their choices and pauses: the calling
+/// thread's id (plexus-daemon serves many requests in one process, so not the pid).
+#[cfg(any(feature = "etcd", feature = "kubernetes"))]
+pub(crate) fn spread() -> u32 {
+    nix::unistd::gettid().as_raw().unsigned_abs()
+}
+
 /// The holder of an address as an error shows it to `asking`: the pod when it is of the same
 /// namespace, else only that another namespace's pod holds it (an error reaches a tenant, and
 /// never names another namespace's pod).

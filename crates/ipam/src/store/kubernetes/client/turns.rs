@@ -114,7 +114,7 @@ impl KubernetesStore {
         deadline: Instant,
         mut step: impl FnMut() -> Result<T, IpamError>,
     ) -> Result<T, IpamError> {
-        let mut pause = Duration::from_millis(50 + u64::from(std::process::id() % 50));
+        let mut pause = Duration::from_millis(50 + u64::from(crate::store::spread() % 50));
         loop {
             match step() {
                 Err(IpamError::Unavailable(m)) if Instant::now() + pause < deadline => {
