@@ -156,6 +156,19 @@ impl FakeApi {
         }
     }
 
+    /// The server takes only `new` from now on; the token file keeps the old one until
+    /// [`FakeApi::write_token_file`] (a pod-bound token, void once its pod is deleted, before the
+    /// next pod's installer writes its own).
+    pub fn revoke_token(&mut self, new: &str) {
+        self.token = new.to_string();
+        self.state.lock().unwrap().token = new.to_string();
+    }
+
+    /// The token file of a `token_file` kubeconfig.
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.path().join("token")
+    }
+
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("ca.crt")
     }

@@ -298,6 +298,44 @@ fn a_rotated_token_in_a_token_file_is_picked_up_by_the_next_call() {
     assert_eq!(c.api.patches().len(), 2, "both ADDs wrote network-status with their token");
 }
 
+/// When plexus's DaemonSet rolls, the token file holds the deleted pod's token, void, until the
+/// next pod's installer replaces it: an ADD meanwhile waits for it instead of failing (the
+/// rollout test on a real node saw one such ADD fail with 401).
+#[test]
+fn a_token_void_until_the_installer_replaces_it_is_waited_for_and_the_add_succeeds() {
+    let mut c = Cluster::new("rail0");
+    let kc = c.dir.path().join("kubeconfig-tokenfile");
+    c.api.write_kubeconfig(&kc, true);
+    let mut conf = c.conf();
+    conf["kubeconfig"] = json!(kc);
+    c.api.revoke_token("next-pods-token");
+    let token_file = c.api.token_file();
+    let installer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let temp = token_file.with_extension("new");
+        std::fs::write(&temp, "next-pods-token").unwrap();
+        std::fs::rename(&temp, &token_file).unwrap();
+    });
+    let started = Instant::now();
+    let add = c.run("ADD", &conf);
+    installer.join().unwrap();
+    assert!(add.success(), "{add:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1500), "it waited for the new token");
+    assert_eq!(c.held(), 1);
+    assert!(c.run("DEL", &conf).success());
+    assert_eq!(c.held(), 0);
+    // A token nobody replaces: code 11 after the wait, naming the 401 and the file, nothing left.
+    c.api.revoke_token("never-written");
+    let started = Instant::now();
+    let (code, msg, _) = c.run("ADD", &conf).error();
+    let waited = started.elapsed();
+    assert_eq!(code, 11, "{msg}");
+    assert!(msg.contains("401") && msg.contains("was not replaced within 20s"), "{msg}");
+    assert!(msg.contains(&c.api.token_file().display().to_string()), "{msg}");
+    assert!(waited >= Duration::from_secs(20) && waited < Duration::from_secs(40), "{waited:?}");
+    assert_eq!((c.held(), c.pod_links()), (0, vec!["lo".to_string()]));
+}
+
 #[test]
 fn the_default_network_annotation_replaces_the_cluster_network_for_that_pod() {
     let c = Cluster::new("rail1");

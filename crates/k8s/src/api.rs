@@ -3,9 +3,17 @@
 //! tokenFile, client certificate and CA; or the in-cluster service account), so rotated tokens
 //! just work. Every call has a deadline; a slow or failing API server yields `Unavailable` (CNI
 //! code 11) instead of a hang, after at most a few quick retries of server errors.
+//!
+//! A token the API server stops taking (401) while its token file is about to be replaced is
+//! waited for: a pod-bound service-account token is void the moment its pod is deleted, and when
+//! plexus's DaemonSet rolls, the node's token file holds the deleted pod's token until the new
+//! pod's installer writes its own, a few seconds later. A client made from a kubeconfig file
+//! ([`ApiClient::connect`]) watches the token file for up to [`TOKEN_RENEWAL_WAIT`], is made
+//! again from the new one and tries once more; nothing else waits.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
@@ -17,6 +25,13 @@ use crate::status::{NetworkStatus, PodRef, annotation_patch};
 
 /// Attempts of one call when the server answers 5xx or the connection fails.
 const ATTEMPTS: usize = 3;
+
+/// The longest a call answered 401 waits for its token file to be replaced (a DaemonSet pod's
+/// replacement writing its token; see the module's doc).
+pub const TOKEN_RENEWAL_WAIT: Duration = Duration::from_secs(20);
+
+/// How often the token file is looked at meanwhile.
+const TOKEN_POLL: Duration = Duration::from_millis(200);
 
 /// The whole object in JSON.
 pub const ACCEPT_OBJECT: &str = "application/json";
@@ -33,8 +48,18 @@ pub struct PodInfo {
 
 pub struct ApiClient {
     rt: Driver,
-    client: kube::Client,
+    client: Mutex<kube::Client>,
     timeout: Duration,
+    renewal: Option<Renewal>,
+}
+
+/// What a client made from a kubeconfig file needs to be made again with a replaced token.
+struct Renewal {
+    /// The kubeconfig (`None`: the in-cluster service account).
+    kubeconfig: Option<PathBuf>,
+    token_file: PathBuf,
+    /// The token file's contents the client was made with.
+    token: Mutex<Vec<u8>>,
 }
 
 /// What runs the client's calls: a runtime of its own (a plugin process), or a long-running
@@ -106,6 +131,8 @@ enum Failure {
     Conflict(String),
     Retry(String),
     Refused(String),
+    /// 401: the token is not (or no longer) taken.
+    Unauthorized(String),
     Final(String),
 }
 
@@ -131,7 +158,8 @@ fn classify(e: kube::Error) -> Failure {
         kube::Error::Api(s) if s.code == 409 || s.code == 422 => Failure::Conflict(format!("{} {}", s.code, s.message)),
         kube::Error::Api(s) if s.code >= 500 || s.code == 429 => Failure::Retry(format!("{} {}", s.code, s.message)),
         // Credentials, RBAC and timeouts can be mended without changing the request.
-        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 408) => Failure::Final(format!("{} {}", s.code, s.message)),
+        kube::Error::Api(s) if s.code == 401 => Failure::Unauthorized(format!("{} {}", s.code, s.message)),
+        kube::Error::Api(s) if matches!(s.code, 403 | 408) => Failure::Final(format!("{} {}", s.code, s.message)),
         kube::Error::Api(s) => Failure::Refused(format!("{} {}", s.code, s.message)),
         kube::Error::HyperError(e) => Failure::Retry(e.to_string()),
         // The connection failed under the request (closed, refused): worth another attempt.
@@ -150,7 +178,14 @@ impl ApiClient {
         }
         let rt = own_runtime()?;
         let Some(config) = rt.block_on(kube_config(kubeconfig, timeout))? else { return Ok(None) };
-        Ok(Some(ApiClient::on_own_runtime(rt, config, timeout)?))
+        let renewal = config.auth_info.token_file.as_ref().map(|f| Renewal {
+            kubeconfig: kubeconfig.map(Path::to_path_buf),
+            token: Mutex::new(std::fs::read(f).unwrap_or_default()),
+            token_file: PathBuf::from(f),
+        });
+        let mut client = ApiClient::on_own_runtime(rt, config, timeout)?;
+        client.renewal = renewal;
+        Ok(Some(client))
     }
 
     /// A client from a kubeconfig held in memory (YAML or JSON), never written anywhere: the
@@ -174,13 +209,42 @@ impl ApiClient {
             let _guard = rt.enter();
             kube::Client::try_from(config).map_err(|e| K8sError::Config(format!("Kubernetes client: {e}")))?
         };
-        Ok(ApiClient { rt: Driver::Own(rt), client, timeout })
+        Ok(ApiClient { rt: Driver::Own(rt), client: Mutex::new(client), timeout, renewal: None })
     }
 
     /// A client whose calls run on `handle`'s runtime (which `client` was made on), for threads
     /// outside it: the daemon's request threads.
     pub fn on_runtime(client: kube::Client, handle: tokio::runtime::Handle, timeout: Duration) -> ApiClient {
-        ApiClient { rt: Driver::Shared(handle), client, timeout }
+        ApiClient { rt: Driver::Shared(handle), client: Mutex::new(client), timeout, renewal: None }
+    }
+
+    /// The client to make a call with (made again when its token was replaced).
+    fn client(&self) -> kube::Client {
+        self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// After a 401: wait up to [`TOKEN_RENEWAL_WAIT`] for the token file to hold another token,
+    /// then make the client again from it. `false` when it was not replaced (or the client has
+    /// no token file, or cannot be made again).
+    async fn renew(&self) -> bool {
+        let Some(r) = &self.renewal else { return false };
+        let started = tokio::time::Instant::now();
+        loop {
+            let now = std::fs::read(&r.token_file).unwrap_or_default();
+            let replaced = !now.is_empty() && now != *r.token.lock().unwrap_or_else(|p| p.into_inner());
+            if replaced {
+                let Ok(Some(config)) = kube_config(r.kubeconfig.as_deref(), self.timeout).await else { return false };
+                let Ok(client) = kube::Client::try_from(config) else { return false };
+                *self.client.lock().unwrap_or_else(|p| p.into_inner()) = client;
+                *r.token.lock().unwrap_or_else(|p| p.into_inner()) = now;
+                return true;
+            }
+            let left = TOKEN_RENEWAL_WAIT.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return false;
+            }
+            tokio::time::sleep(left.min(TOKEN_POLL)).await;
+        }
     }
 
     /// Run `call` with the deadline, retrying server errors and failed connections a few
@@ -190,15 +254,17 @@ impl ApiClient {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
-        self.attempt_within(what, ATTEMPTS, self.timeout, call)
+        self.attempt_within(what, ATTEMPTS, self.timeout, true, call)
     }
 
-    /// [`ApiClient::attempt`] with at most `tries` and `timeout` each.
+    /// [`ApiClient::attempt`] with at most `tries` and `timeout` each; a 401 waits for a
+    /// replaced token (once) only when `renew`.
     fn attempt_within<T, F, Fut>(
         &self,
         what: &str,
         tries: usize,
         timeout: Duration,
+        renew: bool,
         call: F,
     ) -> Result<Outcome<T>, K8sError>
     where
@@ -209,6 +275,7 @@ impl ApiClient {
             .map_err(|e| K8sError::Unavailable(format!("{what}: {e}")))?;
         self.rt.block_on(async {
             let mut last = String::new();
+            let mut renew = renew && self.renewal.is_some();
             for attempt in 0..tries {
                 match tokio::time::timeout(timeout, call()).await {
                     Err(_) => {
@@ -219,6 +286,18 @@ impl ApiClient {
                         Failure::NotFound => return Ok(Outcome::NotFound),
                         Failure::Conflict(m) => return Ok(Outcome::Conflict(m)),
                         Failure::Final(m) => return Err(K8sError::Unavailable(format!("{what}: {m}"))),
+                        Failure::Unauthorized(m) if renew => {
+                            renew = false;
+                            if self.renew().await {
+                                continue;
+                            }
+                            let file = self.renewal.as_ref().map(|r| r.token_file.display().to_string());
+                            let file = file.unwrap_or_default();
+                            return Err(K8sError::Unavailable(format!(
+                                "{what}: {m} (the token in {file} was not replaced within {TOKEN_RENEWAL_WAIT:?})"
+                            )));
+                        }
+                        Failure::Unauthorized(m) => return Err(K8sError::Unavailable(format!("{what}: {m}"))),
                         Failure::Refused(m) => return Err(K8sError::Refused(format!("{what}: {m}"))),
                         Failure::Retry(m) => last = m,
                     },
@@ -275,7 +354,8 @@ impl ApiClient {
                 .header(http::header::ACCEPT, accept)
                 .body(bytes.clone())
                 .expect("request");
-            self.client.request::<serde_json::Value>(req)
+            let client = self.client();
+            async move { client.request::<serde_json::Value>(req).await }
         };
         Ok(match self.attempt(what, request)? {
             Outcome::Done(v) => Reply::Ok(v),
@@ -286,8 +366,11 @@ impl ApiClient {
 
     /// The pod's UID and annotations; `None` when the pod is gone.
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, K8sError> {
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pods());
-        let obj = self.call(&format!("get pod {namespace}/{name}"), || api.get(name))?;
+        let api = || Api::<DynamicObject>::namespaced_with(self.client(), namespace, &pods());
+        let obj = self.call(&format!("get pod {namespace}/{name}"), || {
+            let api = api();
+            async move { api.get(name).await }
+        })?;
         Ok(obj.map(|o| PodInfo {
             uid: o.metadata.uid.unwrap_or_default(),
             annotations: o.metadata.annotations.unwrap_or_default().into_iter().collect(),
@@ -315,9 +398,10 @@ impl ApiClient {
                 .header(http::header::ACCEPT, ACCEPT_OBJECT)
                 .body(body.clone())
                 .expect("request");
-            self.client.request::<serde_json::Value>(req)
+            let client = self.client();
+            async move { client.request::<serde_json::Value>(req).await }
         };
-        match self.attempt_within(&what, 1, within.min(self.timeout), request)? {
+        match self.attempt_within(&what, 1, within.min(self.timeout), false, request)? {
             Outcome::Done(_) => Ok(()),
             Outcome::NotFound => Err(K8sError::Refused(format!("{what}: not found"))),
             Outcome::Conflict(m) => Err(K8sError::Refused(format!("{what}: {m}"))),
@@ -329,19 +413,24 @@ impl ApiClient {
     /// name is not patched (the API refuses the patch, 422: `metadata.uid` is immutable).
     pub fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         let (namespace, name) = (&pod.namespace, &pod.name);
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &pods());
         let patch = Patch::Merge(annotation_patch(statuses, &pod.uid));
         let params = PatchParams::default();
-        self.call(&format!("patch pod {namespace}/{name}"), || api.patch(name, &params, &patch))?;
+        self.call(&format!("patch pod {namespace}/{name}"), || {
+            let api = Api::<DynamicObject>::namespaced_with(self.client(), namespace, &pods());
+            let (params, patch) = (&params, &patch);
+            async move { api.patch(name, params, patch).await }
+        })?;
         Ok(())
     }
 }
 
 impl NadSource for ApiClient {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &nads());
         let obj = self
-            .call(&format!("get network-attachment-definition {namespace}/{name}"), || api.get(name))?
+            .call(&format!("get network-attachment-definition {namespace}/{name}"), || {
+                let api = Api::<DynamicObject>::namespaced_with(self.client(), namespace, &nads());
+                async move { api.get(name).await }
+            })?
             .ok_or_else(|| K8sError::NadNotFound { namespace: namespace.into(), name: name.into() })?;
         let value = serde_json::to_value(&obj).map_err(|e| K8sError::Config(e.to_string()))?;
         Nad::from_object(&value)
