@@ -148,17 +148,16 @@ impl FakeApi {
 
     /// Rotate the accepted token (and the token file of a `token_file` kubeconfig).
     pub fn rotate_token(&mut self, new: &str) {
-        self.token = new.to_string();
-        self.state.lock().unwrap().token = new.to_string();
-        let tf = self.dir.path().join("token");
+        self.revoke_token(new);
+        let tf = self.token_file();
         if tf.exists() {
             std::fs::write(tf, new).unwrap();
         }
     }
 
-    /// The server takes only `new` from now on; the token file keeps the old one until
-    /// [`FakeApi::write_token_file`] (a pod-bound token, void once its pod is deleted, before the
-    /// next pod's installer writes its own).
+    /// The server takes only `new` from now on; [`FakeApi::token_file`] keeps the old one until
+    /// the test replaces it (a pod-bound token, void once its pod is deleted, before the next
+    /// pod's installer writes its own).
     pub fn revoke_token(&mut self, new: &str) {
         self.token = new.to_string();
         self.state.lock().unwrap().token = new.to_string();
@@ -182,7 +181,7 @@ impl FakeApi {
     pub fn write_kubeconfig(&self, path: &Path, token_file: bool) {
         let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(self.ca_file()).unwrap());
         let user = if token_file {
-            let tf = self.dir.path().join("token");
+            let tf = self.token_file();
             std::fs::write(&tf, &self.token).unwrap();
             format!("tokenFile: {}", tf.display())
         } else {

@@ -56,6 +56,15 @@ impl Cluster {
                "cniDir": self.dir.path().join("cache"), "binDir": bin_dir(), "apiTimeout": 1.0})
     }
 
+    /// [`Cluster::conf`] with a kubeconfig that reads its token from the API's token file.
+    fn token_file_conf(&self) -> Value {
+        let kc = self.dir.path().join("kubeconfig-tokenfile");
+        self.api.write_kubeconfig(&kc, true);
+        let mut conf = self.conf();
+        conf["kubeconfig"] = json!(kc);
+        conf
+    }
+
     fn run(&self, verb: &str, c: &Value) -> Outcome {
         PluginRun::new(plugin_bin("plexus"), verb)
             .attachment("pod1", &self.lab.pod.path(), "eth0", &format!("{}:{REFERENCE_CNI_DIR}", bin_dir()))
@@ -287,10 +296,7 @@ fn namespace_isolation_and_missing_nads_are_refused_by_name() {
 #[test]
 fn a_rotated_token_in_a_token_file_is_picked_up_by_the_next_call() {
     let mut c = Cluster::new("rail0");
-    let kc = c.dir.path().join("kubeconfig-tokenfile");
-    c.api.write_kubeconfig(&kc, true);
-    let mut conf = c.conf();
-    conf["kubeconfig"] = json!(kc);
+    let conf = c.token_file_conf();
     assert!(c.run("ADD", &conf).success());
     assert!(c.run("DEL", &conf).success());
     c.api.rotate_token("rotated-token");
@@ -304,10 +310,7 @@ fn a_rotated_token_in_a_token_file_is_picked_up_by_the_next_call() {
 #[test]
 fn a_token_void_until_the_installer_replaces_it_is_waited_for_and_the_add_succeeds() {
     let mut c = Cluster::new("rail0");
-    let kc = c.dir.path().join("kubeconfig-tokenfile");
-    c.api.write_kubeconfig(&kc, true);
-    let mut conf = c.conf();
-    conf["kubeconfig"] = json!(kc);
+    let conf = c.token_file_conf();
     c.api.revoke_token("next-pods-token");
     let token_file = c.api.token_file();
     let installer = std::thread::spawn(move || {
