@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::{DataDir, Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, write_policy};
+use crate::{DaemonProcess, DataDir, Lab, Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, write_policy};
+
+/// The UID of the pod [`Node::claim`] prepares claims for.
+pub const POD_UID: &str = "99999999-8888-7777-6666-555555555555";
 
 /// The directory of the plugins under test.
 pub fn bin_dir() -> PathBuf {
@@ -126,6 +129,48 @@ impl Node {
             .stdin(c)
             .in_netns(&self.lab.node))
         .run()
+    }
+
+    /// A plexus-daemon serving this node's meta config, with `args` and `env`: the daemon, and
+    /// [`Node::meta`] naming its socket (and the shim's log, `shim.log`).
+    pub fn daemon(&self, args: &[&str], env: &[(&str, &Path)]) -> (DaemonProcess, Value) {
+        std::fs::create_dir_all(self.path("run")).unwrap();
+        let socket = self.path("run/daemon.sock");
+        let d = DaemonProcess::start_with_env(&self.lab.node.path(), &socket, &self.path("daemon.log"), args, env);
+        let mut meta = self.meta("unused");
+        meta["daemonSocket"] = json!(socket);
+        meta["logFile"] = json!(self.path("shim.log"));
+        meta["logLevel"] = json!("debug");
+        (d, meta)
+    }
+
+    /// A claim `name` as plexus's DRA driver prepares it for the pod [`POD_UID`] (in the claims
+    /// directory, `claims`, which [`Node::with_claims`] makes a meta config read): one shared port,
+    /// nic0, with `config` as the claim's parameters of the driver (tenant input: `interface`,
+    /// `mtu`, `ipam`, `network`, ...).
+    pub fn claim(&self, name: &str, config: Value) {
+        let n = name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))) % 1_000_000_000_000;
+        let uid = format!("11111111-2222-3333-4444-{n:012}");
+        let prepared = json!({"version": 1, "namespace": "default", "name": name, "uid": uid, "pods": [POD_UID],
+            "devices": [{"request": "rail", "pool": "node-1", "device": "nic0", "ifname": "nic0", "mode": "shared",
+                         "pciAddress": "0000:3b:00.0", "rdmaDevice": "mlx5_0", "config": config, "cdiDeviceIds": []}]});
+        std::fs::create_dir_all(self.path("claims")).unwrap();
+        std::fs::write(self.path("claims").join(format!("{uid}.json")), prepared.to_string()).unwrap();
+    }
+
+    /// `meta` reading the claims [`Node::claim`] prepared.
+    pub fn with_claims(&self, meta: &Value) -> Value {
+        let mut m = meta.clone();
+        m["draClaimsDir"] = json!(self.path("claims"));
+        m
+    }
+
+    /// plexus run for the pod [`POD_UID`] (`default/pod1`), as the kubelet's runtime names it: the
+    /// pod whose claims [`Node::claim`] prepared.
+    pub fn plexus_for_pod(&self, verb: &str, c: &Value) -> Outcome {
+        self.plexus_with(verb, c, |r| {
+            r.env("CNI_ARGS", &format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod1;K8S_POD_UID={POD_UID}"))
+        })
     }
 
     pub fn pod_links(&self) -> Vec<String> {

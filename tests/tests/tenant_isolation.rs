@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use plexus_tests::tenant::{Node, bin_dir, macvlan_conf};
-use plexus_tests::{DaemonProcess, DataDir, PluginRun, plugin_bin};
+use plexus_tests::{DataDir, PluginRun, plugin_bin};
 use serde_json::{Value, json};
 
 /// A short request deadline (3 s), so an attack that would hold on shows its bound quickly.
@@ -156,18 +156,6 @@ fn a_delegate_that_hangs_spins_or_prints_nothing_is_killed_with_its_group_at_the
     assert_eq!(processes_of(&n.lab.pod.path()), Vec::<String>::new());
 }
 
-/// A plexus-daemon serving `n`'s meta config (`daemonSocket` set), with `env` and `args`.
-fn daemon(n: &Node, args: &[&str], env: &[(&str, &Path)]) -> (DaemonProcess, Value) {
-    std::fs::create_dir_all(n.path("run")).unwrap();
-    let socket = n.path("run/daemon.sock");
-    let d = DaemonProcess::start_with_env(&n.lab.node.path(), &socket, &n.path("daemon.log"), args, env);
-    let mut meta = n.meta("unused");
-    meta["daemonSocket"] = json!(socket);
-    meta["logFile"] = json!(n.path("shim.log"));
-    meta["logLevel"] = json!("debug");
-    (d, meta)
-}
-
 fn with_networks(meta: &Value, networks: &str) -> Value {
     let mut m = meta.clone();
     m["networks"] = json!(networks);
@@ -181,7 +169,7 @@ fn through_plexus_daemon_a_stuck_delegate_gives_its_slot_back_at_the_deadline() 
     n.nad("stuck", &json!({"cniVersion": "1.0.0", "type": "stuck"}));
     n.macvlan_nad("rail0", "nic0", "198.18.40.0/24", json!({}));
     // One slot, no queue: a request that kept its slot would make the next one "busy".
-    let (d, meta) = daemon(&n, &["--max-concurrent", "1", "--max-queued", "0"], &[]);
+    let (d, meta) = n.daemon(&["--max-concurrent", "1", "--max-queued", "0"], &[]);
     let started = Instant::now();
     let (code, msg, _) = n.plexus("ADD", &with_networks(&meta, "stuck")).error();
     assert_eq!(code, 11, "{msg}");
@@ -217,7 +205,7 @@ fn through_plexus_daemon_an_in_process_delegate_that_spins_is_answered_at_the_de
     // starts it (counted on a daemon of its own, with the points logged).
     let points = n.path("points");
     let first = {
-        let (_d, meta) = daemon(&n, &[], &[("PLEXUS_FAULT_LOG", &points)]);
+        let (_d, meta) = n.daemon(&[], &[("PLEXUS_FAULT_LOG", &points)]);
         assert!(n.plexus("ADD", &with_networks(&meta, "rail0")).success());
         assert!(n.plexus("DEL", &with_networks(&meta, "rail0")).success());
         let text = std::fs::read_to_string(&points).unwrap();
@@ -225,7 +213,7 @@ fn through_plexus_daemon_an_in_process_delegate_that_spins_is_answered_at_the_de
         exec + 2
     };
     let spin = format!("plexus-daemon:{first}:spin");
-    let (d, meta) = daemon(&n, &["--max-concurrent", "1", "--max-queued", "0"], &[("PLEXUS_FAULT", Path::new(&spin))]);
+    let (d, meta) = n.daemon(&["--max-concurrent", "1", "--max-queued", "0"], &[("PLEXUS_FAULT", Path::new(&spin))]);
     let started = Instant::now();
     let (code, msg, _) = n.plexus("ADD", &with_networks(&meta, "rail0")).error();
     let took = started.elapsed();
@@ -444,7 +432,9 @@ fn plexus_own_binaries_that_are_not_plugins_are_never_run_as_a_delegate() {
         assert_eq!(n.pod_links(), ["lo"], "refused before rail0 ran");
         assert!(n.spied("net2", "ADD").is_none());
     }
-    // Installed under another name (a plain copy): exec'd, it refuses at once, binding nothing.
+    // Installed under another name (a plain copy): its role note says what it is, and it is
+    // refused before it runs; run anyway (with a CNI environment, as another meta-plugin would),
+    // it refuses at once, binding nothing.
     for (bin, name) in [("plexus-daemon", "innocent-d"), ("plexusctl", "innocent-c")] {
         let copy = n.path("spies").join(name);
         std::fs::copy(plugin_bin(bin), &copy).unwrap();
@@ -452,9 +442,8 @@ fn plexus_own_binaries_that_are_not_plugins_are_never_run_as_a_delegate() {
         let started = Instant::now();
         let (code, msg, _) = n.plexus("ADD", &n.meta(name)).error();
         assert_eq!(code, 7, "{msg}");
-        assert!(msg.contains(&format!("{bin} is not a CNI plugin")), "{msg}");
+        assert!(msg.contains(&format!("plugin type {name:?} is not a CNI plugin")), "{msg}");
         assert!(started.elapsed() < Duration::from_secs(2), "no hang: {:?}", started.elapsed());
-        // Run with a CNI environment, as another meta-plugin would.
         let out = PluginRun::new(&copy, "ADD")
             .attachment("c1", &n.lab.pod.path(), "net1", &n.cni_path())
             .stdin(&json!({"cniVersion": "1.0.0", "name": "x", "type": name}))
@@ -490,7 +479,7 @@ fn an_oversized_nad_is_refused_and_unknown_delegate_types_share_one_metric_label
     for (pod, networks) in &annotations {
         api.add_pod("ml", pod, &format!("uid-{pod}"), json!({"k8s.v1.cni.cncf.io/networks": networks}));
     }
-    let (d, mut meta) = daemon(&n, &["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "n1"], &[]);
+    let (d, mut meta) = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "n1"], &[]);
     meta.as_object_mut().unwrap().remove("nadDir");
     meta.as_object_mut().unwrap().remove("networks");
     meta["kubeconfig"] = json!(kubeconfig);

@@ -51,16 +51,22 @@ fn plexus_run_as_a_delegate_of_plexus_refuses_before_reading_any_path_it_was_giv
     let n = Node::new();
     n.spy("sh");
     let log = n.path("tenant.log");
-    let evil = json!({"cniVersion": "1.0.0", "name": "x", "type": "plexus", "binDir": n.path("spies"),
+    let evil = json!({"cniVersion": "1.1.0", "name": "x", "type": "plexus", "binDir": n.path("spies"),
         "delegates": [{"cniVersion": "1.0.0", "name": "x", "type": "sh"}], "logFile": log, "logLevel": "debug",
         "readinessindicatorfile": "/nonexistent", "cniDir": n.path("tenant-cache")});
-    for verb in ["ADD", "DEL", "CHECK"] {
+    for verb in ["ADD", "CHECK", "STATUS"] {
         let started = Instant::now();
         let out = n.plexus_with(verb, &evil, |r| r.env("PLEXUS_META_DELEGATE", "1"));
         let (code, msg, _) = out.error();
         assert_eq!(code, 7, "{verb}: {msg}");
         assert!(msg.contains("plexus runs as a delegate of plexus"), "{msg}");
         assert!(started.elapsed() < Duration::from_secs(5), "{verb}: no readiness wait");
+    }
+    // DEL and GC: it never did anything, so there is nothing to release, and the runtime's DEL
+    // of the pod is not failed by it.
+    for verb in ["DEL", "GC"] {
+        let out = n.plexus_with(verb, &evil, |r| r.env("PLEXUS_META_DELEGATE", "1"));
+        assert!(out.success(), "{verb}: {}", out.stdout);
     }
     assert!(n.spied("eth0", "ADD").is_none() && n.spied("eth0", "DEL").is_none());
     assert!(!log.exists(), "the logFile it was given is never opened");
@@ -88,6 +94,123 @@ fn del_from_a_cache_written_before_the_refusal_never_runs_a_nested_meta_plugin()
     assert!(n.spied("eth0", "DEL").is_none() && n.spied("net2", "DEL").is_none(), "the nested one never ran");
     assert_eq!(n.pod_links(), ["lo"], "rail0 was deleted");
     assert_eq!(n.held(), 0);
+}
+
+/// `meta` with the selection `networks`.
+fn with_networks(meta: &Value, networks: &str) -> Value {
+    let mut m = meta.clone();
+    m["networks"] = json!(networks);
+    m
+}
+
+/// A meta config a tenant writes into a network's IPAM section (or a claim's): its own plugin
+/// directory, NAD directory, cache and delegates.
+fn nested_meta(n: &Node, plugin_type: &str) -> Value {
+    json!({"type": plugin_type, "binDir": n.path("spies"), "nadDir": n.path("nads"), "networks": "rail0",
+           "cniDir": n.path("tenant-cache"), "logFile": n.path("tenant.log"),
+           "delegates": [{"cniVersion": "1.0.0", "name": "x", "type": "sh"}]})
+}
+
+#[test]
+fn the_meta_plugin_as_a_networks_ipam_runs_nothing_thin_through_plexus_daemon_or_from_a_claim_and_del_succeeds() {
+    let n = Node::new();
+    n.spy("sh");
+    // The meta-plugin under its own name, a link and a copy: what an admin may have installed.
+    std::os::unix::fs::symlink(plugin_bin("plexus"), n.path("spies").join("linked")).unwrap();
+    std::fs::copy(plugin_bin("plexus"), n.path("spies").join("copied")).unwrap();
+    n.macvlan_nad("rail0", "nic0", "198.18.40.0/24", json!({}));
+    let (_daemon, daemon_meta) = n.daemon(&[], &[]);
+    let refused = |how: &str, out: plexus_tests::Outcome, network: &str, t: &str| {
+        let (code, msg, _) = out.error();
+        assert_eq!(code, 7, "{how}: {msg}");
+        assert!(msg.contains(&format!("network {network}: plugin type {t:?} is a meta-plugin")), "{how}: {msg}");
+        assert!(n.spied("eth0", "ADD").is_none() && n.spied("net1", "ADD").is_none(), "{how}: nothing ran");
+        assert_eq!(n.pod_links(), ["lo"], "{how}: rail0 beside it was not attached either");
+        assert_eq!(n.held(), 0, "{how}");
+    };
+    for t in ["plexus", "linked", "copied"] {
+        let network = format!("via-{t}");
+        let conf =
+            json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0", "ipam": nested_meta(&n, t)});
+        n.nad(&network, &conf);
+        let selection = format!("rail0,{network}");
+        for (how, meta) in [("thin", n.meta(&selection)), ("daemon", with_networks(&daemon_meta, &selection))] {
+            let how = format!("{how}, {t}");
+            refused(&how, n.plexus("ADD", &meta), &format!("default/{network}"), t);
+            let del = n.plexus("DEL", &meta);
+            assert!(del.success(), "{how}: the runtime's DEL after the failed ADD: {}", del.stdout);
+        }
+    }
+    // The same in a claim's parameters (a ResourceClaim is tenant input too).
+    n.claim("evil", json!({"ipam": nested_meta(&n, "copied")}));
+    for (how, meta) in [("thin", n.meta("")), ("daemon", with_networks(&daemon_meta, ""))] {
+        let meta = n.with_claims(&meta);
+        let how = format!("{how}, claim");
+        refused(&how, n.plexus_for_pod("ADD", &meta), "default/dra-evil-rail", "copied");
+        assert!(n.plexus_for_pod("DEL", &meta).success(), "{how}");
+    }
+    assert!(!n.path("tenant-cache").exists() && !n.path("tenant.log").exists(), "nothing it named was touched");
+    let shim = std::fs::read_to_string(n.path("shim.log")).unwrap_or_default();
+    assert!(!shim.contains("thin mode"), "the daemon's requests were the daemon's: {shim}");
+}
+
+#[test]
+fn run_directly_as_multus_would_an_attaching_plugin_never_runs_the_meta_plugin_as_its_ipam() {
+    let n = Node::new();
+    n.spy("sh");
+    std::fs::copy(plugin_bin("plexus"), n.path("spies").join("copied")).unwrap();
+    for t in ["plexus", "copied"] {
+        let c = macvlan_conf(&n, json!({"ipam": nested_meta(&n, t)}));
+        let (code, msg, _) = n.direct("plexus-macvlan", "ADD", &c).error();
+        assert_eq!(code, 7, "{t}: {msg}");
+        assert!(msg.contains(&format!("plugin type {t:?} is a meta-plugin")), "{msg}");
+        assert_eq!(n.pod_links(), ["lo"], "the macvlan was undone");
+        // No plexus process ran, so none can fail the DEL.
+        assert!(n.direct("plexus-macvlan", "DEL", &c).success(), "{t}");
+    }
+    assert!(n.spied("net1", "ADD").is_none() && !n.path("tenant-cache").exists());
+}
+
+#[test]
+fn a_wrapper_the_seam_cannot_see_through_still_finds_plexus_refusing_thin_and_in_process() {
+    let n = Node::new();
+    n.spy("sh");
+    // An admin's wrapper around plexus, as IPAM: the seam cannot tell what a script runs; the
+    // plexus it execs finds the delegation's mark in its environment and refuses.
+    let wrapper = n.path("spies").join("ipam-wrapper");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nexec {} \"$@\"\n", plugin_bin("plexus").display())).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    n.nad(
+        "wrapped",
+        &json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+                             "ipam": nested_meta(&n, "ipam-wrapper")}),
+    );
+    let (_daemon, daemon_meta) = n.daemon(&[], &[]);
+    for (how, meta) in [("thin", n.meta("wrapped")), ("daemon", with_networks(&daemon_meta, "wrapped"))] {
+        let (code, msg, _) = n.plexus("ADD", &meta).error();
+        assert_eq!(code, 7, "{how}: {msg}");
+        assert!(msg.contains("plexus runs as a delegate of plexus"), "{how}: {msg}");
+        assert_eq!(n.pod_links(), ["lo"], "{how}");
+        assert!(n.plexus("DEL", &meta).success(), "{how}: the nested plexus's DEL has nothing to release");
+    }
+    assert!(n.spied("net1", "ADD").is_none() && !n.path("tenant-cache").exists());
+    assert!(!n.path("tenant.log").exists());
+}
+
+#[test]
+fn every_plexus_binary_says_in_its_role_note_whether_it_is_a_delegate() {
+    use plexus_plugin::role::{Role, of_file};
+    for (binary, role) in [
+        ("plexus", Role::Meta),
+        ("plexus-macvlan", Role::Delegate),
+        ("plexus-host-device", Role::Delegate),
+        ("plexus-ipam", Role::Delegate),
+        ("plexus-daemon", Role::Tool),
+        ("plexusctl", Role::Tool),
+    ] {
+        assert_eq!(of_file(&plugin_bin(binary)), Some(role), "{binary}");
+    }
+    assert_eq!(of_file(&plexus_tests::reference_plugin("macvlan")), None, "another project's plugin has none");
 }
 
 // 2. Log files.

@@ -93,6 +93,8 @@ static IN_PROCESS: [Builtin; 3] = [
     Builtin { about: plexus_ipam_plugin::ABOUT, plugin: &plexus_ipam_plugin::Ipam },
 ];
 
+plexus_plugin::binary_role!(Tool);
+
 fn main() -> std::process::ExitCode {
     // Exec'd as a CNI plugin (a network naming it as its "type"): never bind the node daemon's
     // socket or port on a request's behalf.

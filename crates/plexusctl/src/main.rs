@@ -134,6 +134,8 @@ fn run(verb: &str, a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+plexus_plugin::binary_role!(Tool);
+
 fn main() -> ExitCode {
     // Exec'd as a CNI plugin (a network naming it as its "type"): refused at once.
     if let Some(refused) = plexus_plugin::refuse_as_delegate("plexusctl") {

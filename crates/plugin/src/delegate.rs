@@ -6,7 +6,18 @@
 //! a process group of its own, and when it has not finished by then (it hangs, it spins, it prints
 //! nothing) the whole group is killed and the delegation fails with code 11. The group is killed
 //! when the delegate ends as well, so nothing it started outlives the request; its output is read
-//! up to [`OUTPUT_MAX`]. plexus's own non-plugin binaries are never a delegate.
+//! up to [`OUTPUT_MAX`].
+//!
+//! The trust rule lives here, at the one place every delegation passes — a meta-plugin's
+//! network, a chained plugin, an attaching plugin's IPAM, a delegate of a delegate, exec'd or
+//! in-process: a binary that is not a CNI delegate is never run as one ([`resolve`]). By its
+//! name (plexus's and Multus's meta-plugins, plexus's tools) and by what the file itself says it
+//! is (its role note, [`crate::role`]: the meta-plugin under any name, a copy, a link). Whatever
+//! the config, wherever it came from, nothing else decides it: no environment variable, no
+//! caller's check. A DEL or GC of such a delegate succeeds with nothing run (nothing of it can
+//! exist: it never ran). Every delegate is also handed [`DELEGATED_ENV`], for what this seam
+//! cannot see: a binary it does not know (a wrapper script, another project's plugin) that runs
+//! plexus in turn passes its environment on.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -20,7 +31,7 @@ use serde_json::Value;
 use plexus_cni::env::{CniEnv, Command};
 
 use crate::builtin::Runner;
-use crate::plugin::NOT_PLUGINS;
+use crate::role::Role;
 use plexus_cni::error::{Error, code};
 use plexus_cni::result::CniResult;
 
@@ -31,22 +42,47 @@ const OUTPUT_EXCERPT: usize = 2048;
 /// KiB; the bound keeps a delegate that prints forever from growing the caller's memory).
 pub const OUTPUT_MAX: usize = crate::STDIN_MAX_BYTES;
 
-/// Refuse a `type` that is one of plexus's own binaries that are not plugins (code 7).
-pub fn refuse_not_plugin(plugin_type: &str) -> Result<(), Error> {
-    if NOT_PLUGINS.contains(&plugin_type) {
-        return Err(Error::invalid_config(format!("plugin type {plugin_type:?} is not a CNI plugin"))
-            .with_details(format!("plexus's own {NOT_PLUGINS:?} are never run as a delegate")));
+/// Set (to `1`) in every delegate's environment: a plexus that finds it in its request's
+/// environment was run by a delegation, with a config a network chose ([`crate::Request::delegated`]).
+/// Who may set it: anyone who execs plexus; it can only make plexus refuse more.
+pub const DELEGATED_ENV: &str = "PLEXUS_META_DELEGATE";
+
+/// Meta-plugins by name: a delegate may not be one (it would run its own delegates with a config
+/// a network wrote: `binDir`, `kubeconfig`, `delegates`). plexus's own is known by its role note
+/// under any name too.
+pub const META_PLUGINS: &[&str] = &["plexus", "multus", "multus-shim"];
+
+/// plexus's own binaries that are not CNI plugins, by name; by their role note under any name.
+/// Each of them also refuses to run when it finds `CNI_COMMAND` in its environment
+/// ([`crate::refuse_as_delegate`]).
+pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl"];
+
+/// Why `plugin_type`, found at `binary`, may not be a delegate; `None` when it may.
+fn forbidden(plugin_type: &str, binary: Option<&Path>) -> Option<Error> {
+    let role = match () {
+        _ if META_PLUGINS.contains(&plugin_type) => Role::Meta,
+        _ if NOT_PLUGINS.contains(&plugin_type) => Role::Tool,
+        _ => binary.and_then(crate::role::of_file).unwrap_or(Role::Delegate),
+    };
+    match role {
+        Role::Delegate => None,
+        Role::Meta => Some(
+            Error::invalid_config(format!("plugin type {plugin_type:?} is a meta-plugin: a network may not run one"))
+                .with_details("it would run its own delegates with settings the network chose"),
+        ),
+        Role::Tool => Some(
+            Error::invalid_config(format!("plugin type {plugin_type:?} is not a CNI plugin"))
+                .with_details(format!("plexus's own {NOT_PLUGINS:?} are never run as a delegate")),
+        ),
     }
-    Ok(())
 }
 
-/// The executable for plugin `plugin_type` in the directories of `CNI_PATH`.
+/// The executable for plugin `plugin_type` in the directories of `CNI_PATH`, whatever it is.
 pub fn find_plugin(plugin_type: &str, cni_path: &[PathBuf]) -> Result<PathBuf, Error> {
     if plugin_type.is_empty() || plugin_type == "." || plugin_type == ".." || plugin_type.contains('/') {
         return Err(Error::invalid_config(format!("invalid plugin type {plugin_type:?}"))
             .with_details("a plugin type is a file name in CNI_PATH, without '/'"));
     }
-    refuse_not_plugin(plugin_type)?;
     cni_path.iter().map(|dir| dir.join(plugin_type)).find(|p| is_executable_file(p)).ok_or_else(|| {
         let dirs: Vec<String> = cni_path.iter().map(|d| d.display().to_string()).collect();
         Error::new(
@@ -55,6 +91,30 @@ pub fn find_plugin(plugin_type: &str, cni_path: &[PathBuf]) -> Result<PathBuf, E
         )
         .with_details("CNI_PATH lists the directories searched; install the plugin there or fix \"type\"")
     })
+}
+
+/// The executable a delegation of `plugin_type` runs: found in `cni_path`, and a delegate (code
+/// 7 for a meta-plugin or a plexus binary that is not a plugin, by name or by its role note).
+/// Every delegation runs through it; a caller may ask it first, to refuse before anything runs.
+pub fn resolve(plugin_type: &str, cni_path: &[PathBuf]) -> Result<PathBuf, Error> {
+    if let Some(e) = forbidden(plugin_type, None) {
+        return Err(e);
+    }
+    let binary = find_plugin(plugin_type, cni_path)?;
+    match forbidden(plugin_type, Some(&binary)) {
+        Some(e) => Err(e),
+        None => Ok(binary),
+    }
+}
+
+/// Refuse `plugin_type` when a delegation of it would be refused as not a delegate ([`resolve`]);
+/// a type not installed is left for its delegation to report. For a caller that refuses a whole
+/// network before any of it runs.
+pub fn refuse_forbidden(plugin_type: &str, cni_path: &[PathBuf]) -> Result<(), Error> {
+    match resolve(plugin_type, cni_path) {
+        Err(e) if e.code == code::INVALID_NETWORK_CONFIG => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn is_executable_file(p: &Path) -> bool {
@@ -87,7 +147,15 @@ impl Runner {
         config: &Value,
         waited: Waited,
     ) -> Result<Running, Error> {
-        let binary = find_plugin(plugin_type, &env.path)?;
+        let binary = match resolve(plugin_type, &env.path) {
+            Ok(binary) => binary,
+            // Never run, so nothing of it exists to delete or collect.
+            Err(e) if e.code == code::INVALID_NETWORK_CONFIG && matches!(command, Command::Del | Command::Gc) => {
+                tracing::error!(plugin = plugin_type, %command, "not run, nothing to release: {e}");
+                return Ok(Running::skipped(plugin_type, command, env, self));
+            }
+            Err(e) => return Err(e),
+        };
         plexus_node::fault::at(plexus_node::fault::Point::Exec)?;
         // Out of time a moment before this request: what ran out is still reported.
         let env = &CniEnv { deadline: env.deadline.a_moment_before(), ..env.clone() };
@@ -145,6 +213,22 @@ enum Waited {
 }
 
 impl Running {
+    fn skipped(plugin_type: &str, command: Command, env: &CniEnv, runner: &Runner) -> Running {
+        use std::os::unix::process::ExitStatusExt;
+        let out = std::process::Output {
+            status: std::process::ExitStatus::from_raw(0),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        Running {
+            plugin_type: plugin_type.to_string(),
+            command,
+            run: Run::Ran(out),
+            deadline: env.deadline,
+            runner: runner.clone(),
+        }
+    }
+
     /// Wait for the delegate: ADD yields its result, the other verbs `None`; a failure yields the
     /// delegate's own CNI error.
     pub fn wait(self) -> Result<Option<CniResult>, Error> {
@@ -220,6 +304,7 @@ fn child_env(command: Command, env: &CniEnv) -> std::io::Result<HashMap<String, 
     // The trace context is the request's (`env.vars`), never what this process inherited.
     vars.extend(crate::trace::TRACE_CONTEXT_ENV.iter().map(|(k, _)| (k.to_string(), None)));
     vars.extend(env.vars.iter().map(|(k, v)| (k.clone(), Some(v.clone()))));
+    vars.insert(DELEGATED_ENV.to_string(), Some("1".to_string()));
     Ok(vars)
 }
 
@@ -479,6 +564,103 @@ mod tests {
         let e = find_plugin("nope", &[dir.path().to_path_buf(), "/x".into()]).unwrap_err();
         assert_eq!(e.code, code::DELEGATE_NOT_FOUND);
         assert_eq!(e.msg, format!("failed to find plugin \"nope\" in path [{} /x]", dir.path().display()));
+    }
+
+    /// `name` in a new directory: an executable that says it is a plexus binary of `role`.
+    fn binary_of(role: crate::role::Role, name: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join(name);
+        std::fs::write(&f, crate::role::elf_with_note(role)).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
+    fn env_in(dir: &Path, command: Command) -> CniEnv {
+        CniEnv {
+            command,
+            container_id: "c1".into(),
+            netns: None,
+            ifname: "net1".into(),
+            args: Default::default(),
+            path: vec![dir.to_path_buf()],
+            netns_override: false,
+            vars: Vec::new(),
+            deadline: plexus_cni::Deadline::after(std::time::Duration::from_secs(10)),
+        }
+    }
+
+    #[test]
+    fn a_binary_whose_note_says_it_is_not_a_delegate_is_never_run_under_any_name() {
+        use crate::role::Role;
+        let conf = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "type": "innocent"});
+        for (role, says) in [(Role::Meta, "is a meta-plugin"), (Role::Tool, "is not a CNI plugin")] {
+            let dir = binary_of(role, "innocent");
+            let e = resolve("innocent", &[dir.path().to_path_buf()]).unwrap_err();
+            assert_eq!(e.code, code::INVALID_NETWORK_CONFIG);
+            assert!(e.msg.contains(says), "{}", e.msg);
+            // Were it run, its exec would fail ("exec format error"): the refusal comes first.
+            let e = Runner::default().exec("innocent", Command::Add, &env_in(dir.path(), Command::Add), &conf);
+            assert!(e.unwrap_err().msg.contains(says));
+            // Nothing of it exists, so its DEL and GC succeed with nothing run.
+            for command in [Command::Del, Command::Gc] {
+                let out = Runner::default().exec("innocent", command, &env_in(dir.path(), command), &conf);
+                assert!(out.unwrap().is_none(), "{command}");
+            }
+            assert!(
+                Runner::default().exec("innocent", Command::Check, &env_in(dir.path(), Command::Check), &conf).is_err()
+            );
+        }
+        let delegate = binary_of(Role::Delegate, "fine");
+        assert_eq!(resolve("fine", &[delegate.path().to_path_buf()]).unwrap(), delegate.path().join("fine"));
+        for name in ["plexus", "multus", "multus-shim", "plexus-daemon", "plexusctl"] {
+            assert_eq!(
+                resolve(name, &[]).unwrap_err().code,
+                code::INVALID_NETWORK_CONFIG,
+                "{name}, even not installed"
+            );
+        }
+    }
+
+    /// A carried plugin whose ADD delegates to `innocent` (as plexus-macvlan delegates to its
+    /// IPAM), run in-process by a long-running parent's runner.
+    struct Delegating;
+
+    impl crate::Plugin for Delegating {
+        fn add(&self, req: &crate::Request) -> Result<CniResult, Error> {
+            let conf = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "type": "innocent"});
+            req.runner.exec("innocent", Command::Add, &req.env, &conf)?;
+            Err(Error::internal("the delegate ran"))
+        }
+        fn del(&self, _: &crate::Request) -> Result<(), Error> {
+            Ok(())
+        }
+        fn check(&self, _: &crate::Request) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_delegate_run_in_process_never_runs_the_meta_plugin_either() {
+        static CARRIED: [crate::builtin::Builtin; 1] = [crate::builtin::Builtin {
+            about: crate::About { name: "delegating", version: "0", build: Some("test") },
+            plugin: &Delegating,
+        }];
+        let dir = binary_of(crate::role::Role::Meta, "innocent");
+        let vars: std::collections::HashMap<String, Option<String>> = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "net1"),
+            ("CNI_NETNS", "/run/netns/plexus-test-none"),
+            ("CNI_PATH", dir.path().to_str().unwrap()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Some(v.to_string())))
+        .collect();
+        let stdin = br#"{"cniVersion": "1.0.0", "name": "n", "type": "delegating"}"#;
+        let out = crate::builtin::run(&CARRIED[0], &Runner::parent(&CARRIED), &vars, stdin);
+        let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(said["code"], 7, "{said}");
+        assert!(said["msg"].as_str().unwrap().contains("\"innocent\" is a meta-plugin"), "{said}");
     }
 
     #[test]

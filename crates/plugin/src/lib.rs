@@ -14,12 +14,13 @@ pub mod delegate;
 pub mod ipam;
 pub mod logging;
 mod plugin;
+pub mod role;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;
 pub mod undo;
 
 pub use plugin::{
-    About, IDENTIFY_ENV, NOT_PLUGINS, Plugin, RUNTIME_ARGS, Request, STDIN_MAX_BYTES, ValidAttachment, dispatch,
-    identity, refuse_as_delegate, run,
+    About, IDENTIFY_ENV, Plugin, RUNTIME_ARGS, Request, STDIN_MAX_BYTES, ValidAttachment, dispatch, identity,
+    refuse_as_delegate, run,
 };

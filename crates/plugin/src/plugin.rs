@@ -38,6 +38,9 @@ pub struct Request {
     pub log: LogTarget,
     /// How its delegates run: the process's that dispatched it ([`dispatch`]).
     pub runner: Runner,
+    /// Whether a delegation ran it: its environment carries [`crate::delegate::DELEGATED_ENV`]
+    /// (read from the request's own environment, which in plexus-daemon is not the process's).
+    pub delegated: bool,
 }
 
 /// An attachment the runtime still considers valid (GC).
@@ -140,12 +143,6 @@ pub fn identity(about: &About) -> Option<String> {
     Some(format!("{} {build} {} {}", about.name, exe.dev(), exe.ino()))
 }
 
-/// plexus's own binaries that are not CNI plugins: never run as a delegate (a network naming one
-/// as its `type` is refused, code 7, before anything runs). Each of them also refuses to run when
-/// it finds `CNI_COMMAND` in its environment, whatever name it was installed under
-/// ([`refuse_as_delegate`]).
-pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl"];
-
 /// Run the plugin as a process: the whole `main` of a plugin binary.
 pub fn run(about: About, plugin: &(impl Plugin + ?Sized)) -> ExitCode {
     let stdin = std::io::stdin();
@@ -163,7 +160,7 @@ pub fn run(about: About, plugin: &(impl Plugin + ?Sized)) -> ExitCode {
 pub fn refuse_as_delegate(name: &str) -> Option<ExitCode> {
     std::env::var_os("CNI_COMMAND").filter(|c| !c.is_empty())?;
     let e = Error::invalid_config(format!("{name} is not a CNI plugin: it does not run as a delegate"))
-        .with_details(format!("plexus's own {:?} are never a network's \"type\"", NOT_PLUGINS));
+        .with_details(format!("plexus's own {:?} are never a network's \"type\"", crate::delegate::NOT_PLUGINS));
     let _ = write_json(&e.to_json(SpecVersion::LATEST), &mut std::io::stdout().lock());
     Some(ExitCode::FAILURE)
 }
@@ -281,7 +278,17 @@ fn prepare(
     // So is the runtime's trace context (also where the process's own environment is not the
     // runtime's: plexus-daemon, an in-process delegate).
     env.vars.extend(crate::trace::carried(&getenv));
-    Ok(Some(Request { env, version, config, stdin: raw, policy, log: LogTarget::default(), runner: Runner::default() }))
+    let delegated = getenv(crate::delegate::DELEGATED_ENV).is_some_and(|v| !v.is_empty());
+    Ok(Some(Request {
+        env,
+        version,
+        config,
+        stdin: raw,
+        policy,
+        log: LogTarget::default(),
+        runner: Runner::default(),
+        delegated,
+    }))
 }
 
 /// This process's own network namespace (device and inode), read once: `/proc/self` is the

@@ -15,7 +15,16 @@ pub fn request(vars: &[(&str, &str)], config: &serde_json::Value, policy: plexus
     let stdin = serde_json::to_vec(config).expect("json");
     let config = plexus_cni::NetConf::parse(&stdin).expect("test config");
     let version = config.version().expect("test config version");
-    crate::Request { env, version, config, stdin, policy, log: Default::default(), runner: Default::default() }
+    crate::Request {
+        env,
+        version,
+        config,
+        stdin,
+        policy,
+        log: Default::default(),
+        runner: Default::default(),
+        delegated: false,
+    }
 }
 
 /// An IPAM plugin for unit tests, `fake-ipam` in `dir` (a CNI_PATH): a real delegate process

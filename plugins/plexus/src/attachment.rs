@@ -3,7 +3,7 @@
 //! from capabilities, prevResult along the chain on ADD, the cached result on CHECK and DEL, DEL
 //! in reverse).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use plexus_cni::{CniEnv, CniResult, Command, ConfList, Error};
 use plexus_plugin::builtin::Runner;
@@ -99,15 +99,6 @@ fn declare_own_capabilities(plugin: &mut Map<String, Value>) {
     }
 }
 
-/// Whether two paths are the same file (this binary under another name or link).
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
-        _ => false,
-    }
-}
-
 impl Attachment {
     /// The conf as a list (a single conf is a list of one), without the keys a delegate config
     /// may not carry.
@@ -124,24 +115,16 @@ impl Attachment {
         Ok(list)
     }
 
-    /// Refuse a network whose plugins include a meta-plugin — by type, or because the type
-    /// resolves in `cni_path` to this very binary — or, as a plugin or its IPAM, one of plexus's
-    /// binaries that are not plugins, before anything runs (code 7).
+    /// Refuse a network that would run, as a plugin or as a plugin's IPAM, what the delegation
+    /// seam never runs as a delegate (a meta-plugin, one of plexus's binaries that are not
+    /// plugins: `plexus_plugin::delegate::resolve`), before any of its plugins runs (code 7). The
+    /// seam refuses it anyway, on every path; this only refuses it before anything else runs.
     pub fn refuse_forbidden_plugins(&self, cni_path: &[PathBuf]) -> Result<(), Error> {
-        let me = Path::new("/proc/self/exe");
         for plugin in self.list()?.plugins {
-            let t = plugin.get("type").and_then(Value::as_str).unwrap_or_default();
-            let ipam = plugin.get("ipam").and_then(|i| i.get("type")).and_then(Value::as_str).unwrap_or_default();
-            for named in [t, ipam] {
-                plexus_plugin::delegate::refuse_not_plugin(named).map_err(|e| self.named(e))?;
-            }
-            let is_me = || plexus_plugin::delegate::find_plugin(t, cni_path).is_ok_and(|p| same_file(&p, me));
-            if crate::conf::META_PLUGIN_TYPES.contains(&t) || is_me() {
-                return Err(Error::invalid_config(format!(
-                    "network {}: plugin type {t:?} is a meta-plugin: a network may not run one",
-                    self.network
-                ))
-                .with_details("it would run its own delegates with settings the network chose"));
+            let t = plugin.get("type").and_then(Value::as_str);
+            let ipam = plugin.get("ipam").and_then(|i| i.get("type")).and_then(Value::as_str);
+            for named in [t, ipam].into_iter().flatten() {
+                plexus_plugin::delegate::refuse_forbidden(named, cni_path).map_err(|e| self.named(e))?;
             }
         }
         Ok(())

@@ -3,9 +3,11 @@
 //!
 //! Who may set these: the admin, who writes the meta config in the CNI conf dir. Its path keys
 //! (`binDir`, `kubeconfig`, `cniDir`, `nadDir`, `confDir`, `readinessindicatorfile`,
-//! `kubeletCheckpoint`, `logFile`, `multusCacheDir`) say where root executes, connects, writes and reads, so a
-//! plexus that finds itself run as a delegate of plexus — with a config a NAD chose — refuses
-//! before it reads any of them.
+//! `kubeletCheckpoint`, `logFile`, `multusCacheDir`) say where root executes, connects, writes
+//! and reads. A config a network chose never reaches them: the delegation seam never runs the
+//! meta-plugin as a delegate (`plexus_plugin::delegate::resolve`, by name and by the binary's
+//! role note), and a plexus whose request was made by a delegation anyway (a binary the seam
+//! does not know ran it: `Request::delegated`) refuses before it reads any of them.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -113,17 +115,6 @@ fn default_bin_dir() -> PathBuf {
     plexus_node::paths::CNI_BIN_DIR.into()
 }
 
-/// Set in every delegate's environment: a plexus that sees it is running as a delegate of plexus.
-pub const DELEGATE_MARK_ENV: &str = "PLEXUS_META_DELEGATE";
-
-/// Plugin types that are meta-plugins: a delegate network may not be one (it would run its own
-/// delegates with a config a tenant wrote: `binDir`, `kubeconfig`, `delegates`).
-pub const META_PLUGIN_TYPES: [&str; 3] = ["plexus", "multus", "multus-shim"];
-
-/// Whether this plexus runs as a delegate of plexus.
-pub fn running_as_delegate() -> bool {
-    std::env::var_os(DELEGATE_MARK_ENV).is_some_and(|v| !v.is_empty())
-}
 fn default_system_namespaces() -> Vec<String> {
     vec!["kube-system".into()]
 }
@@ -138,7 +129,7 @@ pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl MetaConf {
     pub fn load(req: &Request) -> Result<MetaConf, Error> {
-        if running_as_delegate() {
+        if req.delegated {
             return Err(Error::invalid_config(format!(
                 "network {:?}: plexus runs as a delegate of plexus, with a config a network attachment chose: refused",
                 req.config.name

@@ -84,12 +84,11 @@ impl Meta {
 }
 
 /// The environment every delegate runs with: `binDir` ahead of `CNI_PATH`, `CNI_ARGS` with
-/// `IgnoreUnknown` and the pod's identity (what Multus passes), plexus's mark, and this
-/// invocation's log destination (the admin's: delegates take theirs from here, never from their
-/// own config); each runs as the request's runner says.
+/// `IgnoreUnknown` and the pod's identity (what Multus passes), and this invocation's log
+/// destination (the admin's: delegates take theirs from here, never from their own config); each
+/// runs as the request's runner says.
 fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> DelegateEnv {
     let mut env = req.env.clone();
-    env.vars.push((conf::DELEGATE_MARK_ENV.into(), "1".into()));
     if let Some(file) = &req.log.file {
         env.vars.push((logging::LOG_FILE_ENV.into(), file.display().to_string()));
         env.vars.push((logging::LOG_LEVEL_ENV.into(), req.log.level.clone().unwrap_or_default()));
@@ -240,10 +239,10 @@ impl Plugin for Meta {
         &["IP", "MAC", "GATEWAY"]
     }
 
-    /// The meta config is the admin's (the CNI conf dir), unless plexus runs as a delegate of
-    /// plexus — then it is a network's, and refused.
-    fn admin_config(&self, _req: &Request) -> bool {
-        !conf::running_as_delegate()
+    /// The meta config is the admin's (the CNI conf dir), unless a delegation ran plexus — then it
+    /// is a network's, and refused.
+    fn admin_config(&self, req: &Request) -> bool {
+        !req.delegated
     }
 
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
@@ -266,6 +265,13 @@ impl Plugin for Meta {
     }
 
     fn del(&self, req: &Request) -> Result<(), Error> {
+        if req.delegated {
+            // Run by a delegation, plexus does nothing (its ADD is refused): nothing to release.
+            tracing::error!(
+                "plexus run by a delegation, with a config a network chose: nothing done, nothing to release"
+            );
+            return Ok(());
+        }
         let conf = MetaConf::load(req)?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
@@ -357,6 +363,12 @@ impl Plugin for Meta {
     }
 
     fn gc(&self, req: &Request) -> Result<(), Error> {
+        if req.delegated {
+            tracing::error!(
+                "plexus run by a delegation, with a config a network chose: nothing done, nothing to collect"
+            );
+            return Ok(());
+        }
         let conf = MetaConf::load(req)?;
         let valid = req.valid_attachments()?;
         let pod = Pod::default();

@@ -532,6 +532,7 @@ mod multus_cases {
             policy: Policy::default(),
             log: Default::default(),
             runner: Default::default(),
+            delegated: false,
         }
     }
 

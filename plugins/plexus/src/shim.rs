@@ -138,9 +138,9 @@ impl Plugin for NotAnswered {
     }
 }
 
-/// The daemon socket this invocation is to go to first: a CNI verb other than VERSION, a
-/// config that names `daemonSocket`, and not plexus run as a delegate of plexus (the normal path
-/// refuses that without forwarding).
+/// The daemon socket this invocation is to go to first: a CNI verb other than VERSION and a
+/// config that names `daemonSocket` (a request a delegation made is forwarded as it is, its mark
+/// with it, and refused there as here).
 fn daemon_socket_of(stdin: &[u8]) -> Option<std::path::PathBuf> {
     #[derive(serde::Deserialize)]
     struct Keys {
@@ -148,7 +148,7 @@ fn daemon_socket_of(stdin: &[u8]) -> Option<std::path::PathBuf> {
         daemon_socket: Option<std::path::PathBuf>,
     }
     let command = std::env::var("CNI_COMMAND").ok().filter(|c| !c.is_empty())?;
-    if command.eq_ignore_ascii_case("VERSION") || crate::conf::running_as_delegate() {
+    if command.eq_ignore_ascii_case("VERSION") {
         return None;
     }
     if stdin.len() > plexus_plugin::STDIN_MAX_BYTES {

@@ -54,6 +54,7 @@ pub fn forwarded(key: &str) -> bool {
     key.starts_with("CNI_")
         || key == plexus_node::paths::POLICY_ENV
         || key == plexus_cni::deadline::DEADLINE_ENV
+        || key == plexus_plugin::delegate::DELEGATED_ENV
         || plexus_plugin::trace::TRACE_CONTEXT_ENV.iter().any(|(k, _)| *k == key)
 }
 
