@@ -84,8 +84,8 @@ pub(crate) fn attach_all(
         let names = group.iter().map(|&i| state.attachments[i].describe()).collect();
         undo.push(Step::Attachments { group: group.clone(), names });
         let attachments = &state.attachments;
-        let _turn = group.iter().any(|&i| moves_a_device(&attachments[i])).then(|| device_move_turn(cache_path, env));
-        let answers = run_group(&group, |i| attach(&attachments[i], i, env, cache_path, &recording, pod, delegates));
+        let add = |i: usize| attach(&attachments[i], i, env, cache_path, &recording, pod, delegates);
+        let answers = run_moves_in_turn(&group, |i| moves_a_device(&attachments[i]), cache_path, env, add);
         let mut failed = None;
         for (i, answer) in group.into_iter().zip(answers) {
             match answer {
@@ -111,6 +111,38 @@ pub(crate) fn attach_all(
         .collect())
 }
 
+/// `add` for every index of `group`, concurrently, as [`run_group`]; those that move a device
+/// (`moves`) together in the node's device-move turn ([`device_move_turn`]), held from before the
+/// first of them starts until the last of them ends, and only for them: the group's other
+/// delegates run beside them without waiting for it or holding it. The answers in the group's
+/// order.
+fn run_moves_in_turn<T: Send>(
+    group: &[usize],
+    moves: impl Fn(usize) -> bool,
+    cache_path: &Path,
+    env: &DelegateEnv,
+    add: impl Fn(usize) -> T + Sync,
+) -> Vec<T> {
+    let (movers, others): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&i| moves(i));
+    if movers.is_empty() {
+        return run_group(group, add);
+    }
+    let run = |ids: &[usize]| -> Vec<(usize, T)> { ids.iter().copied().zip(run_group(ids, &add)).collect() };
+    let parts: &[usize] = if others.is_empty() { &[0] } else { &[0, 1] };
+    let mut answers: Vec<(usize, T)> = run_group(parts, |part| match part {
+        0 => {
+            let _turn = device_move_turn(cache_path, env);
+            run(&movers)
+        }
+        _ => run(&others),
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    answers.sort_by_key(|(i, _)| group.iter().position(|g| g == i));
+    answers.into_iter().map(|(_, t)| t).collect()
+}
+
 /// Whether attachment `a` moves a whole netdev into the pod (a host-device delegate).
 fn moves_a_device(a: &Attachment) -> bool {
     let first = a.conf.get("plugins").and_then(|p| p.get(0)).unwrap_or(&a.conf);
@@ -122,8 +154,9 @@ fn moves_a_device(a: &Attachment) -> bool {
 /// once all finish when the last one does; in turn, the first pod's are in place first and the
 /// last finishes no later. The turn is an exclusive `flock` on the meta-plugin's cache directory
 /// (nothing is written; each request opens it, so threads of plexus-daemon take turns too), held
-/// while a group that moves devices runs. It is waited for at most half of what the request has
-/// left; then the group runs without it (the turn is for speed, not correctness).
+/// while a group's device moves run — never for its other delegates ([`run_moves_in_turn`]). It
+/// is waited for at most half of what the request has left; then the moves run without it (the
+/// turn is for speed, not correctness).
 fn device_move_turn(cache_path: &Path, env: &DelegateEnv) -> Option<std::fs::File> {
     let dir = std::fs::File::open(cache_path.parent()?).ok()?;
     let within = plexus_cni::Deadline::after(env.cni.deadline.remaining() / 2);

@@ -196,6 +196,90 @@ fn del_walks_the_groups_in_reverse_past_failures_keeping_each_attachments_code()
     assert_eq!(got, [("network rail2 (net3)", 7), ("network rail0 (net1)", 11)]);
 }
 
+/// Delegates that hold the ADD of network `slow` until told to let it go, and tell when each ADD
+/// started and ended.
+#[derive(Default)]
+struct Gated {
+    started: Mutex<Vec<String>>,
+    ended: Mutex<Vec<String>>,
+    released: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Gated {
+    fn wait_for(&self, what: impl Fn(&[String], &[String]) -> bool) {
+        let mut released = self.released.lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !what(&self.started.lock().unwrap(), &self.ended.lock().unwrap()) {
+            assert!(std::time::Instant::now() < deadline, "the delegates never got there");
+            released = self.changed.wait_timeout(released, Duration::from_millis(50)).unwrap().0;
+        }
+    }
+
+    fn release(&self) {
+        *self.released.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+}
+
+impl Delegates for Gated {
+    fn add(&self, a: &Attachment, _: &DelegateEnv) -> Result<(CniResult, Value), Error> {
+        self.started.lock().unwrap().push(a.network.clone());
+        self.changed.notify_all();
+        if a.network == "slow" {
+            let released = self.released.lock().unwrap();
+            drop(self.changed.wait_while(released, |r| !*r).unwrap());
+        }
+        self.ended.lock().unwrap().push(a.network.clone());
+        self.changed.notify_all();
+        let raw = json!({"cniVersion": "1.0.0", "interfaces": [{"name": a.ifname}]});
+        Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
+    }
+
+    fn del(&self, _: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn check(&self, _: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_device_move_turn_is_held_for_a_pods_moves_only_not_for_a_slow_delegate_beside_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = |network: &str, ifname: &str, plugin: &str| -> Attachment {
+        serde_json::from_value(json!({"network": network, "ifname": ifname,
+            "conf": {"cniVersion": "1.0.0", "name": network, "type": plugin}}))
+        .unwrap()
+    };
+    let mut state = Cache {
+        version: cache::CACHE_VERSION,
+        container_id: "c1".into(),
+        netns: None,
+        pod_ref: None,
+        attachments: vec![one("port0", "net1", "plexus-host-device"), one("slow", "net2", "fake")],
+    };
+    let cache_path = dir.path().join("c1");
+    cache::save(&cache_path, &state).unwrap();
+    let gated = Gated::default();
+    std::thread::scope(|s| {
+        let pod = s.spawn(|| {
+            let mut undo = Undo::new();
+            attach_all(&mut state, true, &Pod::default(), &env(), &cache_path, &mut undo, &gated).map(|r| r.len())
+        });
+        // The pod's port has moved and its slow delegate still runs: the node's turn is free for
+        // another pod's moves (it was held for the whole group).
+        gated.wait_for(|started, ended| started.iter().any(|n| n == "slow") && ended.iter().any(|n| n == "port0"));
+        let turn = std::fs::File::open(dir.path()).unwrap();
+        let free = nix::fcntl::Flock::lock(turn, nix::fcntl::FlockArg::LockExclusiveNonblock);
+        gated.release();
+        assert!(free.is_ok(), "the turn was still held while only the slow delegate ran");
+        drop(free);
+        assert_eq!(pod.join().unwrap().unwrap(), 2, "both attached, results in order");
+    });
+}
+
 /// A log that keeps what is written to it.
 #[derive(Clone, Default)]
 struct Kept(Arc<Mutex<Vec<u8>>>);
