@@ -188,7 +188,11 @@ fn requested_addresses_are_granted_or_refused_by_name() {
     c["runtimeConfig"] = json!({"ips": ["198.18.12.77/24"]});
     assert_eq!(address(&run(&lab, "ADD", "a", &c)), "198.18.12.77/24");
     let (code, msg, _) = run(&lab, "ADD", "b", &c).error();
-    assert_eq!((code, msg.as_str()), (111, "requested address 198.18.12.77 is already allocated to a=net1"));
+    // The runtime named no pod: the holder is only "another attachment", never its container ID.
+    assert_eq!(
+        (code, msg.as_str()),
+        (111, "requested address 198.18.12.77 is already allocated to another attachment")
+    );
     let plain = conf("1.1.0", file_ipam(dir.path(), "198.18.12.0/24"));
     let (code, msg, _) = run_args(&lab, "ADD", "c", &plain, "IgnoreUnknown=1;IP=198.19.0.1").error();
     assert_eq!(

@@ -17,6 +17,60 @@ fn with_networks(meta: &Value, networks: &str) -> Value {
     m
 }
 
+// What an error tells.
+
+/// plexus run for pod `namespace/name` (container `name`) in the pod namespace at `netns`.
+fn as_pod<'a>(
+    namespace: &'a str,
+    name: &'a str,
+    netns: &'a Path,
+) -> impl Fn(plexus_tests::PluginRun) -> plexus_tests::PluginRun + 'a {
+    move |r| {
+        r.env("CNI_CONTAINERID", name)
+            .env("CNI_NETNS", netns.to_str().unwrap())
+            .env("CNI_ARGS", &format!("K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"))
+    }
+}
+
+#[test]
+fn an_address_a_pod_of_another_namespace_holds_is_refused_without_naming_it_in_the_file_and_etcd_stores() {
+    let n = Node::new();
+    let etcd = plexus_tests::etcd::Etcd::start_in(&n.lab.node);
+    let profile = json!({"etcd": {"endpoints": [etcd.endpoint()], "prefix": "/plexus-test", "timeoutMs": 2000}});
+    plexus_tests::write_policy(
+        n.dir.path(),
+        "policy.json",
+        &json!({"dataRoots": [std::env::temp_dir()], "stores": {"fabric": profile}}),
+    );
+    n.macvlan_nad("file-rail", "nic0", "198.18.40.0/24", json!({}));
+    n.nad(
+        "etcd-rail",
+        &json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.41.0/24", "store": "fabric"}}),
+    );
+    let (bob_ns, carol_ns) = (n.lab.another_pod(), n.lab.another_pod());
+    let pod = n.lab.pod.path();
+    for (network, ip) in [("file-rail", "198.18.40.10"), ("etcd-rail", "198.18.41.10")] {
+        let meta = n.meta(&json!([{"name": network, "namespace": "default", "ips": [format!("{ip}/24")]}]).to_string());
+        let alice = n.plexus_with("ADD", &meta, as_pod("team-a", "alice", &pod));
+        assert!(alice.success(), "{network}: {}", alice.stdout);
+        let (code, msg, details) = n.plexus_with("ADD", &meta, as_pod("team-b", "bob", &bob_ns.path())).error();
+        assert_eq!(code, 111, "{network}: {msg}");
+        assert!(
+            msg.ends_with(&format!("requested address {ip} is already allocated to a pod of another namespace")),
+            "{network}: {msg}"
+        );
+        assert!(!format!("{msg} {details}").contains("alice"), "{network}: nothing of team-a's pod: {msg} {details}");
+        // A pod of the holder's own namespace is told which pod it is.
+        let (code, msg, _) = n.plexus_with("ADD", &meta, as_pod("team-a", "carol", &carol_ns.path())).error();
+        assert_eq!(code, 111, "{network}: {msg}");
+        assert!(msg.ends_with("is already allocated to team-a/alice"), "{network}: {msg}");
+        assert!(n.plexus_with("DEL", &meta, as_pod("team-a", "alice", &pod)).success());
+        assert_eq!(n.pod_links(), ["lo"]);
+    }
+    assert!(etcd.keys("/plexus-test/default/ips/").is_empty(), "nothing held");
+}
+
 // The node's turn to move whole devices.
 
 /// A host-device NAD for `device` (L2 only), its state in `state`.

@@ -25,7 +25,7 @@ use etcd_client::{
 
 use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store, key_safe};
 use crate::config::EtcdConfig;
-use crate::error::IpamError;
+use crate::error::{Holder, IpamError};
 use crate::range::{IpRange, to_u128};
 use plexus_cni::env::attachment_key;
 
@@ -312,7 +312,11 @@ impl EtcdStore {
                         compares.push(Compare::mod_revision(ik.as_str(), CompareOp::Equal, rev));
                         ip = Some(c);
                     }
-                    Some(h) if req.requested[i] == Some(c) => return Err(IpamError::InUse { ip: c, holder: h }),
+                    Some(_) if req.requested[i] == Some(c) => {
+                        let held_by = val.as_deref().and_then(|v| serde_json::from_slice::<Allocation>(v).ok());
+                        let pod = held_by.as_ref().and_then(|a| a.owner.pod_ref.as_deref());
+                        return Err(IpamError::InUse { ip: c, holder: Holder::as_seen_by(pod, &req.owner) });
+                    }
                     Some(_) => {} // the kept address went to someone else: pick anew
                 }
             }

@@ -43,7 +43,7 @@ use plexus_node::datadir::DataDir;
 use plexus_node::files::{self, SafeDir};
 
 use super::{AllocRequest, Allocation, Candidates, Held, Owner, Record, Store, key_safe};
-use crate::error::IpamError;
+use crate::error::{Holder, IpamError};
 use crate::range::IpRange;
 use domain::Domain;
 use plexus_cni::env::attachment_key;
@@ -199,6 +199,13 @@ impl Domain {
         fs::read_to_string(self.ip_path(key)).ok()
     }
 
+    /// The holder whose record is named `held` (an address file's content), as `asking` may see
+    /// it in an error: its pod from its record.
+    fn holder_seen(&self, held: &str, asking: &Owner) -> Holder {
+        let record = self.read_record(&self.attachments.join(held)).ok().flatten();
+        Holder::as_seen_by(record.as_ref().and_then(|r| r.owner.pod_ref.as_deref()), asking)
+    }
+
     /// Reserve address file `key` for `holder`: false when it is taken.
     fn reserve(&self, key: &str, holder: &str) -> Result<bool, IpamError> {
         let tmp = self.tmp.join(files::temp_name(key));
@@ -231,13 +238,13 @@ impl Domain {
         &self,
         range: &IpRange,
         requested: Option<IpAddr>,
-        me: &str,
+        owner: &Owner,
         overlapping: bool,
     ) -> Result<IpAddr, IpamError> {
         let key = range.key();
         if let Some(ip) = requested {
             return match self.holder(&Self::ip_key(ip, &key, overlapping)) {
-                Some(h) if h != me => Err(IpamError::InUse { ip, holder: h }),
+                Some(h) if h != owner.key() => Err(IpamError::InUse { ip, holder: self.holder_seen(&h, owner) }),
                 _ => Ok(ip),
             };
         }
@@ -321,7 +328,7 @@ impl Domain {
             let ip = match (req.requested[i], kept) {
                 (Some(want), Some(k)) if want == k && ours_or_free(k) => k,
                 (None, Some(k)) if ours_or_free(k) => k,
-                (requested, _) => self.pick(range, requested, &me, req.overlapping)?,
+                (requested, _) => self.pick(range, requested, owner, req.overlapping)?,
             };
             chosen.push(Held { ip, range: key });
         }
@@ -338,7 +345,7 @@ impl Domain {
                     let p = self.ip_path(&key);
                     self.write(&p, me.as_bytes())?;
                 }
-                Some(h) => return Err(IpamError::InUse { ip: held.ip, holder: h }),
+                Some(h) => return Err(IpamError::InUse { ip: held.ip, holder: self.holder_seen(&h, owner) }),
                 None => {
                     if !self.reserve(&key, &me)? {
                         return Err(IpamError::Store(format!("address {} was taken under the lock", held.ip)));

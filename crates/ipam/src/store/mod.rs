@@ -109,19 +109,6 @@ pub(crate) fn spread() -> u32 {
     nix::unistd::gettid().as_raw().unsigned_abs()
 }
 
-/// The holder of an address as an error shows it to `asking`: the pod when it is of the same
-/// namespace, else only that another namespace's pod holds it (an error reaches a tenant, and
-/// never names another namespace's pod).
-#[cfg(any(feature = "etcd", feature = "kubernetes"))]
-pub(crate) fn holder_shown(podref: &str, asking: &Owner) -> String {
-    let ns_of = |p: &str| p.split_once('/').map(|(ns, _)| ns.to_string());
-    match (ns_of(podref), asking.pod_ref.as_deref().and_then(ns_of)) {
-        (Some(theirs), Some(mine)) if theirs == mine => podref.to_string(),
-        (Some(_), _) => "a pod of another namespace".into(),
-        (None, _) => "another attachment".into(),
-    }
-}
-
 /// Who holds an allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {

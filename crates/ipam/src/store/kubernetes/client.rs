@@ -17,7 +17,7 @@ use super::names::pool_name;
 use super::pool::{CURSOR_ANNOTATION, MAX_OFFSET, Pool};
 use super::spool::{Answer, Kind};
 use crate::config::{DEFAULT_DOMAIN, KubernetesStoreConfig};
-use crate::error::IpamError;
+use crate::error::{Holder, IpamError};
 use crate::range::IpRange;
 use crate::store::{AllocRequest, Allocation, Candidates, Owner, Store};
 
@@ -151,7 +151,7 @@ impl KubernetesStore {
                     let o = range.offset_of(ip).ok_or(IpamError::Outside { ip })?;
                     if let Some(holder) = pool.allocations.get(&o) {
                         let podref = holder.get("podref").and_then(Value::as_str).unwrap_or_default();
-                        return Err(IpamError::InUse { ip, holder: crate::store::holder_shown(podref, owner) });
+                        return Err(IpamError::InUse { ip, holder: Holder::as_seen_by(Some(podref), owner) });
                     }
                     Box::new(std::iter::once(o))
                 }
