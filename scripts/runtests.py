@@ -262,14 +262,24 @@ class Interrupted(Exception):
     first."""
 
 
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+
+
+def _stop(signum, frame):
+    raise Interrupted()
 
 
 def run(jobs, config, out=sys.stdout, poll=0.05, grace=10.0):
     """Runs the jobs; returns (passed, failed) lists of (job, seconds, why). Interrupted, it ends
     the running tests (SIGTERM to each test's process group, SIGKILL after `grace`) and raises
-    Interrupted: each test runs in a session of its own, out of reach of the terminal's signals."""
+    Interrupted: each test runs in a session of its own, out of reach of the terminal's signals.
+
+    While it runs, the stop signals are its own (they raise Interrupted), whatever they were:
+    exec resets a handled signal to its default but keeps an ignored one ignored, and a runner
+    started with SIGINT and SIGQUIT ignored (`cmd &` from a script, `nohup`, some CI agents)
+    would hand that on to every test and the daemons the tests start."""
     running = []
+    previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
     try:
         return _run(jobs, config, out, poll, grace, running)
     except (KeyboardInterrupt, Interrupted):
@@ -291,6 +301,9 @@ def run(jobs, config, out=sys.stdout, poll=0.05, grace=10.0):
         for r in running:
             r.log.close()
         raise Interrupted() from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run(jobs, config, out, poll, grace, running):
@@ -357,11 +370,8 @@ def main(argv=None):
     with open(args.nextest_config, "rb") as f:
         config = load_config(f.read().decode())
     filters = [parse_filter(e) for e in args.filter_expr]
-    def stop(signum, frame):
-        raise Interrupted()
-
     for sig in STOP_SIGNALS:
-        signal.signal(sig, stop)
+        signal.signal(sig, _stop)
     started = time.monotonic()
     jobs = []
     for b in build_tests(cargo_args or ["--workspace"]):

@@ -212,6 +212,17 @@ class Scheduling(unittest.TestCase):
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
                 self.assertFalse(mask & (1 << (sig - 1)), f"{sig.name} in {what} {masks[what]}")
 
+    def test_started_with_sigint_and_sigquit_ignored_a_test_still_starts_with_none_ignored(self):
+        # How `cmd &` in a script (nohup, some CI agents) starts the runner: the test command
+        # must pass however it is started.
+        import signal
+        ignored = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)}
+        try:
+            self.test_a_test_starts_with_no_signal_blocked_or_ignored()
+        finally:
+            for s, handler in ignored.items():
+                signal.signal(s, handler)
+
     def test_interrupted_it_ends_the_running_tests_before_it_stops(self):
         c = rt.Config(threads=1)
         jobs = [rt.Job(rt.Test("p", "fake", "p::fake", "hangs"), self.binary, None, 0)]
