@@ -71,7 +71,7 @@ fn every_nad_and_conflist_example_parses_as_plexus_reads_it() {
         }
     }
     assert!(nads >= 8, "NAD examples: {nads}");
-    let hostdev = DirSource::load(&examples()).unwrap().nad("default", "roce-hostdev").unwrap();
+    let hostdev = DirSource::load(&examples(), 1 << 20).unwrap().nad("default", "roce-hostdev").unwrap();
     assert_eq!(hostdev.resource_name.as_deref(), Some("nvidia.com/hostdev"));
     let meta: Value = serde_json::from_slice(&std::fs::read(examples().join("00-plexus.conflist")).unwrap()).unwrap();
     assert_eq!(meta["plugins"][0]["type"], "plexus");

@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use plexus_tests::DataDir;
 use plexus_tests::daemon::write_gated_delegate;
 use plexus_tests::tenant::Node;
+use plexus_tests::{DataDir, plugin_bin};
 use serde_json::{Value, json};
 
 fn with_networks(meta: &Value, networks: &str) -> Value {
@@ -69,6 +69,58 @@ fn an_address_a_pod_of_another_namespace_holds_is_refused_without_naming_it_in_t
         assert_eq!(n.pod_links(), ["lo"]);
     }
     assert!(etcd.keys("/plexus-test/default/ips/").is_empty(), "nothing held");
+}
+
+// A directory of NAD files.
+
+/// The peak of process `pid`'s resident memory so far, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_tenants_broken_or_huge_nad_file_neither_breaks_nor_bloats_another_tenants_add_thin_or_in_plexus_daemon() {
+    let n = Node::new();
+    n.macvlan_nad("rail0", "nic0", "198.18.40.0/24", json!({}));
+    // Another tenant's files beside it: one that does not parse, one of 96 MiB (sparse).
+    std::fs::write(n.path("nads/broken.yaml"), "kind: NetworkAttachmentDefinition\n{{{ not yaml").unwrap();
+    std::fs::File::create(n.path("nads/huge.yaml")).unwrap().set_len(96 << 20).unwrap();
+    // Thin: plexus with at most 64 MiB of data (the manifests were all read and parsed before
+    // any was looked up: the huge one alone is more).
+    let limited = n.path("spies/plexus-limited");
+    std::fs::write(&limited, format!("#!/bin/sh\nulimit -d 65536\nexec {} \"$@\"\n", plugin_bin("plexus").display()))
+        .unwrap();
+    std::fs::set_permissions(&limited, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let run = |verb: &str, meta: &Value| {
+        plexus_tests::PluginRun::new(&limited, verb)
+            .attachment("pod1", &n.lab.pod.path(), "eth0", &n.cni_path())
+            .env("PLEXUS_POLICY", n.policy.to_str().unwrap())
+            .stdin(meta)
+            .in_netns(&n.lab.node)
+            .run()
+    };
+    let out = run("ADD", &n.meta("rail0"));
+    assert!(out.success(), "thin: {}", out.stdout);
+    assert!(run("DEL", &n.meta("rail0")).success());
+    // Through plexus-daemon (nadDir read by the daemon for each request): its peak memory stays
+    // far below the huge file's size.
+    let (daemon, daemon_meta) = n.daemon(&[], &[]);
+    let meta = with_networks(&daemon_meta, "rail0");
+    let out = n.plexus("ADD", &meta);
+    assert!(out.success(), "daemon: {}", out.stdout);
+    assert!(n.plexus("DEL", &meta).success());
+    let peak = peak_rss_kib(daemon.pid());
+    assert!(peak < 64 * 1024, "the daemon's peak RSS is {peak} KiB");
+    // The broken file is its own network's error, and only its own.
+    for meta in [n.meta("broken"), with_networks(&daemon_meta, "broken")] {
+        let (code, msg, _) = n.plexus("ADD", &meta).error();
+        assert_eq!(code, 7, "{msg}");
+        assert!(msg.contains("network-attachment-definition default/broken: manifest"), "{msg}");
+        assert!(msg.contains("broken.yaml") && !msg.contains("huge"), "{msg}");
+    }
+    assert_eq!(n.pod_links(), ["lo"]);
 }
 
 // The node's turn to move whole devices.

@@ -121,13 +121,27 @@ impl NadSource for SizeCapped<'_> {
 
 /// NAD manifests in a directory (`nadDir`): YAML or JSON files, one or several documents each
 /// (`---`), or a `List`. Read on every invocation: no daemon, no cache to go stale.
+///
+/// The files are tenants' (one per network, often), so one file never decides another network's
+/// ADD: a NAD is looked for first in the files named after it (`<name>.yaml`, `.yml`, `.json`),
+/// and only when it is not there in the others, in file-name order, until it is found. Each
+/// file is parsed at most once, only when looked in, and read only when it is a regular file no
+/// larger than the cap (its size checked before it is read). A file that cannot be read or
+/// parsed is that file's network's error when the file is named after the network, and is
+/// otherwise passed over (logged).
 #[derive(Debug)]
 pub struct DirSource {
-    nads: BTreeMap<(String, String), Nad>,
+    /// The manifest files, sorted; none is read until a NAD is looked for.
+    files: Vec<PathBuf>,
+    /// The largest manifest file read.
+    max_bytes: u64,
+    /// What each file looked in held, or why it could not be read.
+    parsed: std::sync::Mutex<BTreeMap<PathBuf, Result<Vec<Nad>, String>>>,
 }
 
 impl DirSource {
-    pub fn load(dir: &Path) -> Result<DirSource, K8sError> {
+    /// The manifests in `dir`, none of them read yet; a file larger than `max_bytes` is never read.
+    pub fn load(dir: &Path, max_bytes: u64) -> Result<DirSource, K8sError> {
         let entries = std::fs::read_dir(dir).map_err(|e| K8sError::Io(format!("nadDir {}: {e}", dir.display())))?;
         let mut files: Vec<PathBuf> = entries
             .flatten()
@@ -135,25 +149,38 @@ impl DirSource {
             .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
             .collect();
         files.sort();
-        let mut nads = BTreeMap::new();
-        for f in files {
-            let text = std::fs::read_to_string(&f).map_err(|e| K8sError::Io(format!("{}: {e}", f.display())))?;
-            let json = f.extension().is_some_and(|e| e == "json");
-            let parsed = parse_manifest(&text, json).map_err(|e| K8sError::Config(format!("{}: {e}", f.display())))?;
-            for nad in parsed {
-                nads.insert((nad.namespace.clone(), nad.name.clone()), nad);
-            }
-        }
-        Ok(DirSource { nads })
+        Ok(DirSource { files, max_bytes, parsed: Default::default() })
     }
 
+    /// The number of manifest files.
     pub fn len(&self) -> usize {
-        self.nads.len()
+        self.files.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.nads.is_empty()
+        self.files.is_empty()
     }
+
+    /// The NADs of manifest `file` (parsed once), or why it has none to give.
+    fn read(&self, file: &Path) -> Result<Vec<Nad>, String> {
+        let mut parsed = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
+        parsed
+            .entry(file.to_path_buf())
+            .or_insert_with(|| {
+                let bytes = plexus_node::files::read_regular(file, self.max_bytes)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("{}: gone", file.display()))?;
+                let text = String::from_utf8(bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+                let json = file.extension().is_some_and(|e| e == "json");
+                parse_manifest(&text, json).map_err(|e| format!("{}: {e}", file.display()))
+            })
+            .clone()
+    }
+}
+
+/// Whether manifest `file` is named after NAD `name` (`<name>.yaml`, `.yml`, `.json`).
+fn named_after(file: &Path, name: &str) -> bool {
+    file.file_stem().and_then(|s| s.to_str()) == Some(name)
 }
 
 /// The NADs in one manifest's text: a JSON document, or YAML documents (`---`); a `List` is
@@ -182,10 +209,24 @@ fn list_items(doc: &Value) -> Vec<&Value> {
 
 impl NadSource for DirSource {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
-        self.nads
-            .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
-            .ok_or_else(|| K8sError::NadNotFound { namespace: namespace.into(), name: name.into() })
+        let (own, others): (Vec<&PathBuf>, Vec<&PathBuf>) = self.files.iter().partition(|f| named_after(f, name));
+        for file in own.into_iter().chain(others) {
+            match self.read(file) {
+                Ok(nads) => {
+                    if let Some(nad) = nads.into_iter().find(|n| n.namespace == namespace && n.name == name) {
+                        return Ok(nad);
+                    }
+                }
+                // The network's own file: its error is this network's.
+                Err(why) if named_after(file, name) => {
+                    return Err(K8sError::Config(format!(
+                        "network-attachment-definition {namespace}/{name}: manifest {why}"
+                    )));
+                }
+                Err(why) => tracing::warn!("nadDir: passed over {why}"),
+            }
+        }
+        Err(K8sError::NadNotFound { namespace: namespace.into(), name: name.into() })
     }
 }
 
@@ -245,8 +286,8 @@ spec:
             r#"{"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition","metadata":{"name":"fromfile","namespace":"ml"}}"#,
         )
         .unwrap();
-        let src = DirSource::load(dir.path()).unwrap();
-        assert_eq!(src.len(), 3);
+        let src = DirSource::load(dir.path(), 1 << 20).unwrap();
+        assert_eq!(src.len(), 2, "two files");
         let rail0 = src.nad("ml", "rail0").unwrap();
         assert_eq!(rail0.resource_name.as_deref(), Some("nvidia.com/hostdev"));
         let conf = rail0.cni_config(dir.path()).unwrap();
@@ -260,6 +301,47 @@ spec:
         assert_eq!(src.nad("ml", "fromfile").unwrap().cni_config(confs.path()).unwrap()["type"], "static");
         let e = src.nad("ml", "nope").unwrap_err();
         assert_eq!(e.to_string(), "cannot find a network-attachment-definition (nope) in namespace (ml)");
+    }
+
+    fn manifest(name: &str) -> String {
+        format!(
+            "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: {name}\nspec:\n  config: '{{\"cniVersion\":\"1.0.0\",\"type\":\"plexus-macvlan\"}}'\n"
+        )
+    }
+
+    #[test]
+    fn a_nad_is_read_from_its_own_file_and_no_other_file_is_read_or_parsed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("rail0.yaml"), manifest("rail0")).unwrap();
+        std::fs::write(dir.path().join("a-junk.yaml"), "{{{ not yaml").unwrap();
+        // Larger than the cap: never read (its size is checked first), and it passes nothing on.
+        std::fs::File::create(dir.path().join("huge.yaml")).unwrap().set_len(64 << 20).unwrap();
+        let src = DirSource::load(dir.path(), 64 * 1024).unwrap();
+        assert_eq!(src.nad("default", "rail0").unwrap().name, "rail0");
+        let parsed = src.parsed.lock().unwrap();
+        assert_eq!(parsed.keys().collect::<Vec<_>>(), [&dir.path().join("rail0.yaml")], "only the selected file");
+    }
+
+    #[test]
+    fn a_broken_manifest_is_its_own_networks_error_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("broken.yaml"), "{{{ not yaml").unwrap();
+        std::fs::File::create(dir.path().join("huge.yaml")).unwrap().set_len(64 << 20).unwrap();
+        // Several NADs in one file not named after them: found by looking past the broken ones.
+        std::fs::write(dir.path().join("rails.yaml"), format!("{}---\n{}", manifest("rail1"), manifest("rail2")))
+            .unwrap();
+        let src = DirSource::load(dir.path(), 64 * 1024).unwrap();
+        assert_eq!(src.nad("default", "rail2").unwrap().name, "rail2");
+        let e = src.nad("default", "broken").unwrap_err().to_string();
+        assert!(e.starts_with("network-attachment-definition default/broken: manifest "), "{e}");
+        assert!(e.contains("broken.yaml"), "{e}");
+        let e = src.nad("default", "huge").unwrap_err().to_string();
+        assert!(e.contains("larger than 65536 bytes (67108864 bytes)"), "{e}");
+        assert_eq!(
+            src.nad("default", "nope").unwrap_err().to_string(),
+            "cannot find a network-attachment-definition (nope) in namespace (default)",
+            "nothing of the broken files in another network's error"
+        );
     }
 
     #[test]

@@ -291,8 +291,13 @@ pub fn read_regular(path: &Path, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
         Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
     };
     let invalid = |why: String| std::io::Error::new(ErrorKind::InvalidData, format!("{}: {why}", path.display()));
-    if !file.metadata()?.is_file() {
+    let meta = file.metadata()?;
+    if !meta.is_file() {
         return Err(invalid("not a regular file".into()));
+    }
+    // Its size first: a file known to be too large is not read at all.
+    if meta.len() > cap {
+        return Err(invalid(format!("larger than {cap} bytes ({} bytes)", meta.len())));
     }
     match read_capped(file, cap) {
         Ok(Some(bytes)) => Ok(Some(bytes)),

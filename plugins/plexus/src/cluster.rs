@@ -81,7 +81,17 @@ impl NadSource for Cluster {
     }
 }
 
-pub(crate) fn cluster(conf: &MetaConf, view: Option<&Arc<dyn ClusterView>>) -> Result<Cluster, Error> {
+/// The most a NAD manifest in `nadDir` may hold: sixteen NADs of the largest `spec.config` the
+/// node policy allows (`limits.nadConfigBytes`), read no further.
+pub(crate) fn manifest_max_bytes(policy: &plexus_node::Policy) -> u64 {
+    16 * policy.limits.nad_config_bytes as u64
+}
+
+pub(crate) fn cluster(
+    conf: &MetaConf,
+    view: Option<&Arc<dyn ClusterView>>,
+    policy: &plexus_node::Policy,
+) -> Result<Cluster, Error> {
     if let Some(view) = view {
         return Ok(Cluster::Api(view.clone()));
     }
@@ -89,7 +99,7 @@ pub(crate) fn cluster(conf: &MetaConf, view: Option<&Arc<dyn ClusterView>>) -> R
         return Ok(Cluster::Api(Arc::new(api)));
     }
     match &conf.nad_dir {
-        Some(dir) => Ok(Cluster::Dir(DirSource::load(dir)?)),
+        Some(dir) => Ok(Cluster::Dir(DirSource::load(dir, manifest_max_bytes(policy))?)),
         None => Ok(Cluster::None),
     }
 }

@@ -250,7 +250,7 @@ impl Plugin for Meta {
         conf.wait_ready(req.env.deadline)?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
-        let cluster = cluster(&conf, self.view.as_ref())?;
+        let cluster = cluster(&conf, self.view.as_ref(), &req.policy)?;
         let added = self.attach_pod(req, &conf, &pod, &base, &cluster);
         if let Cluster::Api(api) = &cluster {
             match &added {
@@ -299,7 +299,8 @@ impl Plugin for Meta {
                         // A cache that does not parse must not make DEL a no-op (Multus #1087).
                         tracing::error!("delegate cache unreadable, rebuilding the attachments: {why}");
                     }
-                    match cluster(&conf, self.view.as_ref()).and_then(|c| attachments_for(req, &conf, &pod, &c, &base))
+                    match cluster(&conf, self.view.as_ref(), &req.policy)
+                        .and_then(|c| attachments_for(req, &conf, &pod, &c, &base))
                     {
                         Ok(a) => a,
                         Err(e) => {
@@ -326,7 +327,7 @@ impl Plugin for Meta {
         let n = errors.len();
         let deleted = errors.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"));
         if let Err(e) = &deleted
-            && let Ok(Cluster::Api(api)) = cluster(&conf, self.view.as_ref())
+            && let Ok(Cluster::Api(api)) = cluster(&conf, self.view.as_ref(), &req.policy)
         {
             events::tell(api.as_ref(), &events::delete_failed(&pod, e), req.env.deadline);
         }
@@ -356,7 +357,7 @@ impl Plugin for Meta {
         let conf = MetaConf::load(req)?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
-        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref(), &req.policy)?, &base)? {
             a.status_or_gc(&base, Command::Status, None)?;
         }
         Ok(())
@@ -424,7 +425,7 @@ impl Plugin for Meta {
             errors.push(String::from("GC"), Error::new(code::INTERNAL, why));
             return errors.into_result(code::DELEGATE_FAILED, "GC could not clean every attachment");
         }
-        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref())?, &base)? {
+        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref(), &req.policy)?, &base)? {
             let still: Vec<Value> = kept
                 .iter()
                 .flat_map(|(container_id, attachments)| {
