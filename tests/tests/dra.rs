@@ -445,7 +445,19 @@ spec:
     });
     assert!(c.node_ip(&["-o", "link"]).contains("ens4f0np0"), "nothing attached");
 
-    c.delete("default", &["pod", "p1", "p2", "p4", "too-many", "no-verbs"]);
+    // A claim asking the shared port for more MTU than it has: refused at prepare, in the pod's
+    // events, before any sandbox is made (not by the macvlan's ADD).
+    c.apply(
+        &one_port(&rig, "too-big", "roce-shared.plexus.dev", None, "198.18.63.0/24")
+            .replace("parameters: {interface: net1,", "parameters: {interface: net1, mtu: 70000,"),
+    );
+    c.apply(&rig.pod("too-big", "too-big"));
+    wait_until("the MTU refused at prepare", Duration::from_secs(90), || {
+        c.events("default", "too-big").contains("mtu 70000: port ens1f0np0 takes 68 to")
+    });
+    assert!(!c.events("default", "too-big").contains("FailedCreatePodSandBox"), "no sandbox was tried");
+
+    c.delete("default", &["pod", "p1", "p2", "p4", "too-many", "no-verbs", "too-big"]);
     wait_until("addresses released", Duration::from_secs(60), || c.reservations() == 0);
     wait_until("CDI specs and prepared claims removed", Duration::from_secs(60), || {
         let count = |d: &str| std::fs::read_dir(state.join(d)).map(|e| e.count()).unwrap_or(0);

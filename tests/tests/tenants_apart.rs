@@ -71,6 +71,37 @@ fn an_address_a_pod_of_another_namespace_holds_is_refused_without_naming_it_in_t
     assert!(etcd.keys("/plexus-test/default/ips/").is_empty(), "nothing held");
 }
 
+// What reaches the API server.
+
+#[test]
+fn a_claims_network_that_is_not_a_name_never_reaches_the_api_servers_url_thin_or_through_plexus_daemon() {
+    let n = Node::new();
+    let api = plexus_tests::fake_api::FakeApi::start_in(&n.lab.node);
+    let kubeconfig = n.path("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, true);
+    api.add_pod("default", "pod1", plexus_tests::tenant::POD_UID, json!({}));
+    let (_daemon, daemon_meta) = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "n1"], &[]);
+    let on_api = |meta: &Value| {
+        let mut m = n.with_claims(meta);
+        m.as_object_mut().unwrap().remove("nadDir");
+        m.as_object_mut().unwrap().remove("networks");
+        m["kubeconfig"] = json!(kubeconfig);
+        m
+    };
+    // A prepared claim as an earlier plexus (or anything that wrote the file) may have left it.
+    n.claim("sneaky", json!({"network": "../../../api/v1/namespaces/kube-system/secrets?watch=1"}));
+    for (how, meta) in [("thin", on_api(&n.meta(""))), ("daemon", on_api(&daemon_meta))] {
+        let (code, msg, _) = n.plexus_for_pod("ADD", &meta).error();
+        assert_eq!(code, 7, "{how}: {msg}");
+        assert!(msg.contains("network-attachment-definition name \"../../../api/v1"), "{how}: {msg}");
+        assert!(msg.contains("is not a Kubernetes object name"), "{how}: {msg}");
+        assert!(n.plexus_for_pod("DEL", &meta).success(), "{how}");
+    }
+    let asked = api.requests();
+    assert!(asked.iter().all(|r| !r.contains("secrets") && !r.contains("watch=1") && !r.contains("..")), "{asked:?}");
+    assert_eq!(n.pod_links(), ["lo"]);
+}
+
 // A directory of NAD files.
 
 /// The peak of process `pid`'s resident memory so far, in KiB (`VmHWM`).

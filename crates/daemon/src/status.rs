@@ -97,14 +97,12 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// would pass the file system's 255 bytes) name the pod by a digest instead.
 const JOURNAL_NAME_MAX: usize = 200;
 
-/// Whether `s` is a Kubernetes object name of the kinds a pod reference has (RFC 1123 subdomain:
-/// lowercase letters, digits, `-` and `.`): never `/` or `_`, so `<namespace>_<name>` is a file
-/// name that splits back.
-fn object_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && !s.starts_with('.')
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+/// Whether `namespace/name` can name a pod (its network-status is a PATCH to that path): a
+/// DNS-1123 label and subdomain, never `/` or `_`, so `<namespace>_<name>` is a file name that
+/// splits back.
+fn pod_name(namespace: &str, name: &str) -> Result<(), K8sError> {
+    plexus_k8s::names::namespace(namespace)?;
+    plexus_k8s::names::object("pod", name).map(|_| ())
 }
 
 impl StatusWriter {
@@ -128,9 +126,7 @@ impl StatusWriter {
     /// pod is still to be written (it replaces that one, which must not land after it).
     pub fn submit(self: &Arc<Self>, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
         let (namespace, name) = (&pod.namespace, &pod.name);
-        if !object_name(namespace) || !object_name(name) {
-            return Err(K8sError::Config(format!("pod {namespace:?}/{name:?} is not a Kubernetes object name")));
-        }
+        pod_name(namespace, name)?;
         let entry = Entry::new(pod.clone(), statuses.to_vec());
         let key = journal_name(namespace, name);
         let mut state = self.lock();
@@ -186,7 +182,7 @@ impl StatusWriter {
             };
             let entry = entry.filter(|e| {
                 let pod = &e.pod;
-                journal_name(&pod.namespace, &pod.name) == name && object_name(&pod.namespace) && object_name(&pod.name)
+                journal_name(&pod.namespace, &pod.name) == name && pod_name(&pod.namespace, &pod.name).is_ok()
             });
             match entry {
                 Some(e) => {

@@ -135,6 +135,33 @@ fn config_for(claim: &ResourceClaim, request: &str) -> Result<ClaimConfig> {
     serde_json::from_value(Value::Object(merged)).map_err(|e| refuse(claim, format!("the parameters of {DRIVER}: {e}")))
 }
 
+/// The smallest MTU a port is given (IPv4's minimum; the kernel refuses less).
+const MTU_MIN: u32 = 68;
+/// The largest MTU an exclusive port may be asked for (a netdev's MTU is 16 bits in practice).
+const MTU_MAX: u32 = 65535;
+
+/// Refuse at prepare what the attaching plugins would refuse at the pod's sandbox: an interface
+/// name that is not one, an MTU the port cannot have (a shared port's macvlans at most the
+/// port's own), a `network` that is not a NAD's name (it becomes part of an API path).
+fn check_config(config: &ClaimConfig, nic: &Nic) -> std::result::Result<(), String> {
+    if let Some(i) = &config.interface {
+        plexus_cni::env::validate_ifname(i).map_err(|e| format!("interface {i:?}: {}", e.msg))?;
+    }
+    if let Some(mtu) = config.mtu {
+        let max = match nic.mode {
+            Mode::Shared => nic.mtu,
+            Mode::Exclusive => MTU_MAX,
+        };
+        if !(MTU_MIN..=max).contains(&mtu) {
+            return Err(format!("mtu {mtu}: port {} takes {MTU_MIN} to {max}", nic.ifname));
+        }
+    }
+    if let Some(n) = &config.network {
+        plexus_k8s::names::object("network-attachment-definition", n).map_err(|e| format!("network: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Work out claim `claim` on node `node` offering `nics`: its devices and their configs. What this
 /// driver was not allocated is not its concern; a device of this pool that the node does not offer
 /// (any more) is an error.
@@ -165,9 +192,7 @@ pub fn prepare(claim: &ResourceClaim, node: &str, nics: &[Nic]) -> Result<Prepar
             return Err(refuse(claim, format!("device {} is not offered on node {node} (any more)", r.device)));
         };
         let config = config_for(claim, &r.request)?;
-        if let Some(i) = &config.interface {
-            plexus_cni::env::validate_ifname(i).map_err(|e| refuse(claim, format!("interface {i:?}: {}", e.msg)))?;
-        }
+        check_config(&config, nic).map_err(|why| refuse(claim, format!("request {}: {why}", r.request)))?;
         devices.push(PreparedDevice {
             request: r.request.clone(),
             pool: r.pool.clone(),

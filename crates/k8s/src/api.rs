@@ -21,6 +21,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::error::K8sError;
 use crate::nad::{Nad, NadSource};
+use crate::names::{self, ApiPath};
 use crate::status::{NetworkStatus, PodRef, annotation_patch};
 
 /// Attempts of one call when the server answers 5xx or the connection fails.
@@ -327,7 +328,7 @@ impl ApiClient {
         &self,
         what: &str,
         method: http::Method,
-        path: &str,
+        path: &ApiPath,
         content_type: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Reply, K8sError> {
@@ -340,7 +341,7 @@ impl ApiClient {
         &self,
         what: &str,
         method: http::Method,
-        path: &str,
+        path: &ApiPath,
         content_type: &str,
         accept: &str,
         body: Option<&serde_json::Value>,
@@ -349,7 +350,7 @@ impl ApiClient {
         let request = || {
             let req = http::Request::builder()
                 .method(method.clone())
-                .uri(path)
+                .uri(path.as_str())
                 .header(http::header::CONTENT_TYPE, content_type)
                 .header(http::header::ACCEPT, accept)
                 .body(bytes.clone())
@@ -366,6 +367,7 @@ impl ApiClient {
 
     /// The pod's UID and annotations; `None` when the pod is gone.
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, K8sError> {
+        let (namespace, name) = (names::namespace(namespace)?, names::object("pod", name)?);
         let api = || Api::<DynamicObject>::namespaced_with(self.client(), namespace, &pods());
         let obj = self.call(&format!("get pod {namespace}/{name}"), || {
             let api = api();
@@ -389,11 +391,11 @@ impl ApiClient {
         let body = serde_json::to_vec(&event.object(instance, k8s_openapi::jiff::Timestamp::now()))
             .map_err(|e| K8sError::Config(e.to_string()))?;
         let what = format!("create event {} on pod {ns}/{}", event.reason, event.pod.name);
-        let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events");
+        let path = ApiPath::collection("/apis/events.k8s.io/v1", ns, "events")?;
         let request = || {
             let req = http::Request::builder()
                 .method(http::Method::POST)
-                .uri(&path)
+                .uri(path.as_str())
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .header(http::header::ACCEPT, ACCEPT_OBJECT)
                 .body(body.clone())
@@ -412,7 +414,7 @@ impl ApiClient {
     /// not an error. With the pod's `uid` (when known) the patch names it: a later pod of the same
     /// name is not patched (the API refuses the patch, 422: `metadata.uid` is immutable).
     pub fn set_network_status(&self, pod: &PodRef, statuses: &[NetworkStatus]) -> Result<(), K8sError> {
-        let (namespace, name) = (&pod.namespace, &pod.name);
+        let (namespace, name) = (names::namespace(&pod.namespace)?, names::object("pod", &pod.name)?);
         let patch = Patch::Merge(annotation_patch(statuses, &pod.uid));
         let params = PatchParams::default();
         self.call(&format!("patch pod {namespace}/{name}"), || {
@@ -426,6 +428,7 @@ impl ApiClient {
 
 impl NadSource for ApiClient {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
+        let (namespace, name) = (names::namespace(namespace)?, names::object("network-attachment-definition", name)?);
         let obj = self
             .call(&format!("get network-attachment-definition {namespace}/{name}"), || {
                 let api = Api::<DynamicObject>::namespaced_with(self.client(), namespace, &nads());

@@ -8,6 +8,10 @@ use serde_json::{Value, json};
 
 use crate::K8sError;
 use crate::api::{ApiClient, Reply};
+use crate::names::ApiPath;
+
+/// The API group and version of ResourceClaims.
+const RESOURCE_API: &str = "/apis/resource.k8s.io/v1";
 
 /// The field manager of plexus's entries.
 pub const FIELD_MANAGER: &str = "plexus.dev";
@@ -43,7 +47,7 @@ impl ApiClient {
         namespace: &str,
         name: &str,
     ) -> Result<Option<k8s_openapi::api::resource::v1::ResourceClaim>, K8sError> {
-        let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+        let path = ApiPath::object(RESOURCE_API, namespace, "resourceclaims", "resourceclaim", name)?;
         let what = format!("get resourceclaim {namespace}/{name}");
         match self.send(&what, http::Method::GET, &path, "application/json", None)? {
             Reply::Ok(v) => serde_json::from_value(v).map(Some).map_err(|e| K8sError::Refused(format!("{what}: {e}"))),
@@ -55,10 +59,10 @@ impl ApiClient {
     /// Make plexus's entries of `claim`'s `status.devices` be `devices` (none: removed). A claim
     /// that is gone is not an error.
     pub fn apply_claim_status(&self, claim: &ClaimRef, devices: &[Value]) -> Result<(), K8sError> {
-        let path = format!(
-            "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}/status?fieldManager={FIELD_MANAGER}&force=true",
-            claim.namespace, claim.name
-        );
+        let path = ApiPath::object(RESOURCE_API, &claim.namespace, "resourceclaims", "resourceclaim", &claim.name)?
+            .subresource("status")
+            .query("fieldManager", FIELD_MANAGER)
+            .query("force", true);
         let what = format!("apply status of resourceclaim {}/{}", claim.namespace, claim.name);
         match self.send(
             &what,

@@ -12,6 +12,7 @@ pub mod error;
 #[cfg(feature = "client")]
 pub mod events;
 pub mod nad;
+pub mod names;
 #[cfg(feature = "client")]
 pub mod podresources;
 pub mod selection;

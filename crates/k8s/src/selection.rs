@@ -42,15 +42,7 @@ pub struct NetworkSelection {
     pub device_id: Option<String>,
 }
 
-/// A DNS-1123 label: what namespaces and NAD names must be.
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
+pub use crate::names::is_dns_label;
 
 fn bad(item: &str, why: impl std::fmt::Display) -> K8sError {
     K8sError::Selection(format!("invalid network selection {item:?}: {why}"))

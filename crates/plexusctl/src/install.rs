@@ -365,14 +365,13 @@ fn stop(child: &mut Option<Child>, signal: Signal) -> u8 {
 
 /// The DaemonSet `name` of this pod's namespace: its API path and a client with this pod's
 /// service account.
-fn daemonset(service_account: &std::path::Path, name: &str) -> Result<(String, String, plexus_k8s::api::ApiClient)> {
+fn daemonset(
+    service_account: &std::path::Path,
+    name: &str,
+) -> Result<(plexus_k8s::names::ApiPath, String, plexus_k8s::api::ApiClient)> {
     let ns = std::fs::read_to_string(service_account.join("namespace")).context("the service account's namespace")?;
     let ns = ns.trim();
-    for (what, v) in [("namespace", ns), ("DaemonSet name", name)] {
-        if !plexus_k8s::selection::is_dns_label(v) {
-            bail!("{what} {v:?} is not a Kubernetes object name");
-        }
-    }
+    let path = plexus_k8s::names::ApiPath::object("/apis/apps/v1", ns, "daemonsets", "DaemonSet", name)?;
     let env = |k| std::env::var(k).unwrap_or_default();
     let source = Source::in_cluster(
         service_account.to_path_buf(),
@@ -380,7 +379,7 @@ fn daemonset(service_account: &std::path::Path, name: &str) -> Result<(String, S
         &env("KUBERNETES_SERVICE_PORT"),
     )?;
     let client = source.client(Duration::from_secs(5))?;
-    Ok((format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"), format!("{ns}/{name}"), client))
+    Ok((path, format!("{ns}/{name}"), client))
 }
 
 /// Whether the DaemonSet `name` in this pod's namespace is gone or being deleted.

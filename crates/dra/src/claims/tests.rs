@@ -89,6 +89,30 @@ fn what_cannot_be_prepared_here_is_refused_naming_the_claim_and_why() {
     let bad_name = json!({"status": {"allocation": {"devices": {"config": [
         {"source": "FromClaim", "opaque": {"driver": "plexus.dev", "parameters": {"interface": "../../x"}}}]}}}});
     assert!(refused(bad_name, &nics).contains("interface \"../../x\""));
+    // What the pod's sandbox would fail on is refused at prepare, naming the request: an MTU
+    // the port cannot have, a network that is not a NAD's name (it would become an API path).
+    let param = |p: serde_json::Value| {
+        json!({"status": {"allocation": {"devices": {"config": [
+            {"source": "FromClaim", "requests": ["b"], "opaque": {"driver": "plexus.dev", "parameters": p}}]}}}})
+    };
+    for (p, says) in [
+        (json!({"mtu": 9001}), "request b: mtu 9001: port rail1 takes 68 to 9000"),
+        (json!({"mtu": 0}), "request b: mtu 0: port rail1 takes 68 to 9000"),
+        (
+            json!({"network": "../../secrets"}),
+            "request b: network: network-attachment-definition name \"../../secrets\"",
+        ),
+        (json!({"network": "x?watch=1"}), "is not a Kubernetes object name"),
+    ] {
+        let e = refused(param(p.clone()), &nics);
+        assert!(e.starts_with("claim team-a/nics: ") && e.contains(says), "{p}: {e}");
+    }
+    let exclusive_jumbo = json!({"status": {"allocation": {"devices": {"config": [
+        {"source": "FromClaim", "requests": ["a"], "opaque": {"driver": "plexus.dev", "parameters": {"mtu": 9216, "network": "rail.a-1"}}}]}}}});
+    assert!(
+        prepare(&claim(exclusive_jumbo), "node-1", &nics).is_ok(),
+        "an exclusive port's MTU is the device's to refuse"
+    );
     let same_name = json!({"status": {"allocation": {"devices": {"config": [
         {"source": "FromClaim", "opaque": {"driver": "plexus.dev", "parameters": {"interface": "net1"}}}]}}}});
     assert!(refused(same_name, &nics).contains("two devices would be net1"));

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 use plexus_k8s::api::{ApiClient, Reply};
+use plexus_k8s::names::ApiPath;
 use serde_json::{Value, json};
 
 use super::batch::{entry, escape, removal, take_over};
@@ -110,12 +111,19 @@ impl KubernetesStore {
         self.deadline.within(DEADLINE).instant()
     }
 
-    fn path(&self, kind: &str, name: Option<&str>) -> String {
-        let base = format!("{GROUP_PATH}/namespaces/{}/{kind}", self.namespace);
-        match name {
-            Some(n) => format!("{base}/{n}"),
-            None => base,
-        }
+    /// The path of whereabouts' `resource` in the store's namespace, or of its object `name` (a
+    /// name that is not one — from a tenant's `network_name` — is code 7 before any request).
+    fn path(&self, resource: &'static str, name: Option<&str>) -> Result<ApiPath, IpamError> {
+        let kind = match resource {
+            "ippools" => "IPPool",
+            "overlappingrangeipreservations" => "OverlappingRangeIPReservation",
+            other => other,
+        };
+        let path = match name {
+            Some(n) => ApiPath::object(GROUP_PATH, &self.namespace, resource, kind, n),
+            None => ApiPath::collection(GROUP_PATH, &self.namespace, resource),
+        };
+        path.map_err(|e| IpamError::Config(e.to_string()))
     }
 
     /// Take one address of `range` for `req.owner` (or keep the one it holds).
@@ -402,11 +410,9 @@ impl Store for KubernetesStore {
             return Ok(None);
         };
         let what = format!("get pod {ns}/{name}");
-        match self
-            .api
-            .send(&what, Method::GET, &format!("/api/v1/namespaces/{ns}/pods/{name}"), JSON, None)
-            .map_err(unavailable)?
-        {
+        // An entry naming no pod a pod can be (whoever wrote it) is nobody's on this node.
+        let Ok(path) = ApiPath::object("/api/v1", ns, "pods", "pod", name) else { return Ok(None) };
+        match self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
             Reply::Ok(pod) => Ok(pod.pointer("/spec/nodeName").and_then(Value::as_str).map(str::to_string)),
             _ => Ok(None),
         }
@@ -419,7 +425,7 @@ impl Store for KubernetesStore {
             let what = format!("get ippool {}/{name}", self.namespace);
             if let Reply::Ok(obj) = self
                 .api
-                .send(&what, Method::GET, &self.path("ippools", Some(&name)), JSON, None)
+                .send(&what, Method::GET, &self.path("ippools", Some(&name))?, JSON, None)
                 .map_err(unavailable)?
             {
                 let pool = Pool::from_object(&name, &obj, range);

@@ -10,6 +10,7 @@ use http::Method;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use plexus_k8s::api::{ApiClient, Reply};
+use plexus_k8s::names::ApiPath;
 use serde_json::{Value, json};
 
 use crate::error::IpamError;
@@ -20,7 +21,7 @@ const LEASE_SECONDS: i64 = 1;
 const RETRY: Duration = Duration::from_millis(500);
 
 pub struct Lease {
-    path: String,
+    path: ApiPath,
     object: Value,
 }
 
@@ -34,8 +35,10 @@ fn now() -> Value {
 
 impl Lease {
     pub fn acquire(api: &ApiClient, namespace: &str, me: &str, deadline: Instant) -> Result<Lease, IpamError> {
-        let base = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases");
-        let path = format!("{base}/{NAME}");
+        let config = |e: plexus_k8s::K8sError| IpamError::Config(e.to_string());
+        let base = ApiPath::collection("/apis/coordination.k8s.io/v1", namespace, "leases").map_err(config)?;
+        let path =
+            ApiPath::object("/apis/coordination.k8s.io/v1", namespace, "leases", "lease", NAME).map_err(config)?;
         loop {
             let got = match api.send("get lease", Method::GET, &path, "application/json", None).map_err(unavailable)? {
                 Reply::NotFound => {

@@ -22,9 +22,9 @@ impl KubernetesStore {
     /// moment old), for a write whose every answer its `test`s check.
     pub(super) fn pool(&self, range: &IpRange, read: Read, create: bool) -> Result<Option<Pool>, IpamError> {
         let name = pool_name(self.network_name.as_deref(), range);
-        let mut path = self.path("ippools", Some(&name));
+        let mut path = self.path("ippools", Some(&name))?;
         if read == Read::Cached {
-            path.push_str("?resourceVersion=0");
+            path = path.query("resourceVersion", 0);
         }
         for _ in 0..3 {
             let what = format!("get ippool {}/{name}", self.namespace);
@@ -38,9 +38,9 @@ impl KubernetesStore {
                         "spec": {"range": range.network.to_string(), "allocations": {}}});
                     let what = format!("create ippool {}/{name}", self.namespace);
                     // Created by another writer meanwhile: read it again (from etcd).
-                    path = self.path("ippools", Some(&name));
+                    path = self.path("ippools", Some(&name))?;
                     self.api
-                        .send(&what, Method::POST, &self.path("ippools", None), JSON, Some(&obj))
+                        .send(&what, Method::POST, &self.path("ippools", None)?, JSON, Some(&obj))
                         .map_err(unavailable)?;
                 }
                 Reply::Conflict(m) => return Err(unavailable(m)),
@@ -54,7 +54,7 @@ impl KubernetesStore {
     /// `network_name`, and the node's credentials would create a pool for each.
     pub(super) fn refuse_past_pool_limit(&self, name: &str) -> Result<(), IpamError> {
         let what = format!("list ippools {}", self.namespace);
-        let path = format!("{}?limit={}", self.path("ippools", None), self.max_pools);
+        let path = self.path("ippools", None)?.query("limit", self.max_pools);
         let listed = self.api.send_accepting(&what, Method::GET, &path, JSON, ACCEPT_METADATA_LIST, None);
         let list = match listed {
             Ok(Reply::Ok(list)) => list,
@@ -97,7 +97,7 @@ impl KubernetesStore {
             .send_accepting(
                 &what,
                 Method::PATCH,
-                &self.path("ippools", Some(pool)),
+                &self.path("ippools", Some(pool))?,
                 JSON_PATCH,
                 ACCEPT_METADATA,
                 Some(&Value::Array(ops)),
@@ -124,7 +124,7 @@ impl KubernetesStore {
         let what = format!("create overlappingrangeipreservation {}/{name}", self.namespace);
         match self
             .api
-            .send(&what, Method::POST, &self.path("overlappingrangeipreservations", None), JSON, Some(&obj))
+            .send(&what, Method::POST, &self.path("overlappingrangeipreservations", None)?, JSON, Some(&obj))
             .map_err(unavailable)?
         {
             Reply::Ok(_) => Ok(true),
@@ -133,7 +133,7 @@ impl KubernetesStore {
                 let what = format!("get overlappingrangeipreservation {}/{name}", self.namespace);
                 match self
                     .api
-                    .send(&what, Method::GET, &self.path("overlappingrangeipreservations", Some(&name)), JSON, None)
+                    .send(&what, Method::GET, &self.path("overlappingrangeipreservations", Some(&name))?, JSON, None)
                     .map_err(unavailable)?
                 {
                     Reply::Ok(r) => Ok(r.pointer("/spec/containerid").and_then(Value::as_str)
@@ -150,7 +150,7 @@ impl KubernetesStore {
     /// it is missing), so the new container's DEL removes it.
     pub(super) fn reown(&self, ip: IpAddr, old_container: &str, owner: &Owner) -> Result<(), IpamError> {
         let name = reservation_name(self.network_name.as_deref(), ip);
-        let path = self.path("overlappingrangeipreservations", Some(&name));
+        let path = self.path("overlappingrangeipreservations", Some(&name))?;
         let what = format!("overlappingrangeipreservation {}/{name}", self.namespace);
         match self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
             Reply::Ok(r)
@@ -168,7 +168,7 @@ impl KubernetesStore {
     /// Delete the address's OverlappingRangeIPReservation if the released allocation `a` holds it.
     pub(super) fn unreserve(&self, a: &Allocation) -> Result<(), IpamError> {
         let name = reservation_name(self.network_name.as_deref(), a.ip);
-        let path = self.path("overlappingrangeipreservations", Some(&name));
+        let path = self.path("overlappingrangeipreservations", Some(&name))?;
         let what = format!("overlappingrangeipreservation {}/{name}", self.namespace);
         let Reply::Ok(r) = self.api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? else {
             return Ok(());
