@@ -787,6 +787,8 @@ fn on_the_api_server_a_tenants_range_lock_or_pool_never_holds_up_another_pod() {
         ipam["store"] = json!("kubernetes");
         json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "ens1f0np0", "ipam": ipam}).to_string()
     };
+    // The node's own address on the rail, the first of the pool "fine" draws from: never a pod's.
+    c.node_ip(&["addr", "add", "198.18.177.1/24", "dev", "ens1f0np0"]);
     // A range whose every usable offset lies above 2^63 (whereabouts' int64): refused at once,
     // while a pod beside it on another pool starts.
     c.apply(
@@ -824,6 +826,7 @@ fn on_the_api_server_a_tenants_range_lock_or_pool_never_holds_up_another_pod() {
     // An address another namespace's pod holds is never named to a tenant.
     let taken = c.pool_entries("198.18.177.0-24").into_iter().find(|(_, e)| e["podref"] == "default/fine");
     let (offset, _) = taken.expect("default/fine's entry");
+    assert_ne!(offset, "1", "the node's own address");
     let ip = format!("198.18.177.{offset}");
     let conf = json!({"cniVersion": "1.0.0", "name": "fine", "runtimeConfig": {"ips": [format!("{ip}/24")]},
         "ipam": {"type": "plexus-ipam", "range": "198.18.177.0/24", "store": "kubernetes"}});
@@ -834,6 +837,13 @@ fn on_the_api_server_a_tenants_range_lock_or_pool_never_holds_up_another_pod() {
     assert_eq!(err["msg"], format!("requested address {ip} is already allocated to a pod of another namespace"));
     let (ok, mine) = ipam_run(&c, &px, "ADD", "mine", "default/mine", &conf);
     assert!(!ok && mine["msg"].as_str().unwrap().ends_with("allocated to default/fine"), "{mine}");
+    let mut nodes = conf.clone();
+    nodes["runtimeConfig"]["ips"] = json!(["198.18.177.1/24"]);
+    let (ok, err) = ipam_run(&c, &px, "ADD", "mine", "default/mine", &nodes);
+    assert!(
+        !ok && err["msg"] == "requested address 198.18.177.1 is already allocated to this node (ens1f0np0)",
+        "{err}"
+    );
     c.delete("default", &["pod", "--all"]);
     wait_until("every address released", Duration::from_secs(60), || c.pool_entries("198.18.177.0-24").is_empty());
 }

@@ -17,6 +17,84 @@ fn with_networks(meta: &Value, networks: &str) -> Value {
     m
 }
 
+/// An etcd beside `n`, its node policy naming it as the store profile `fabric`.
+fn with_etcd_store(n: &Node) -> plexus_tests::etcd::Etcd {
+    let etcd = plexus_tests::etcd::Etcd::start_in(&n.lab.node);
+    let profile = json!({"etcd": {"endpoints": [etcd.endpoint()], "prefix": "/plexus-test", "timeoutMs": 2000}});
+    plexus_tests::write_policy(
+        n.dir.path(),
+        "policy.json",
+        &json!({"dataRoots": [std::env::temp_dir()], "stores": {"fabric": profile}}),
+    );
+    etcd
+}
+
+// The node's own addresses.
+
+#[test]
+fn the_nodes_own_addresses_and_the_gateway_are_never_a_pods_thin_in_plexus_daemon_from_a_claim_file_or_etcd() {
+    let n = Node::new();
+    let etcd = with_etcd_store(&n);
+    // The node's addresses in each pool: its rail port's own (the first address of the pool) and
+    // one on another interface; the gateway is the third.
+    for (dev, addr) in
+        [("nic0", "198.18.40.1/24"), ("nic1", "198.18.40.2/24"), ("nic0", "198.18.41.1/24"), ("nic1", "198.18.41.2/24")]
+    {
+        n.lab.node.ip(&["addr", "add", addr, "dev", dev]);
+    }
+    n.macvlan_nad("file-rail", "nic0", "198.18.40.0/24", json!({}));
+    // Four addresses a pool: the node's two, the gateway, and the one a pod may have (whatever
+    // order a store picks in).
+    let ipam = |range: &str, store: Value| {
+        json!({"type": "plexus-ipam", "range": format!("{range}.0/24"), "range_start": format!("{range}.1"),
+               "range_end": format!("{range}.4"), "gateway": format!("{range}.3"), "store": store})
+    };
+    let mut file_ipam = ipam("198.18.40", json!(null));
+    file_ipam["dataDir"] = json!(n.ipam);
+    file_ipam.as_object_mut().unwrap().remove("store");
+    n.nad("file-rail", &json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0", "ipam": file_ipam}));
+    n.nad(
+        "etcd-rail",
+        &json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": ipam("198.18.41", json!("fabric"))}),
+    );
+    n.claim("rail", json!({"interface": "net1", "ipam": file_ipam}));
+    let (_daemon, daemon_meta) = n.daemon(&[], &[]);
+    let pod_addr =
+        || n.lab.pod.addrs("net1").into_iter().map(|a| format!("{}/{}", a.local, a.prefixlen)).collect::<Vec<_>>();
+    for (how, meta) in [("thin", n.meta("")), ("daemon", daemon_meta.clone())] {
+        for (network, pool) in [("file-rail", "198.18.40"), ("etcd-rail", "198.18.41"), ("claim", "198.18.40")] {
+            let how = format!("{how}, {network}");
+            let (meta, run): (Value, &dyn Fn(&str, &Value) -> plexus_tests::Outcome) = match network {
+                "claim" => (n.with_claims(&with_networks(&meta, "")), &|v, m| n.plexus_for_pod(v, m)),
+                _ => (with_networks(&meta, network), &|v, m| n.plexus(v, m)),
+            };
+            let out = run("ADD", &meta);
+            assert!(out.success(), "{how}: {}", out.stdout);
+            assert_eq!(pod_addr(), [format!("{pool}.4/24")], "{how}: not the node's, nor the gateway");
+            assert!(run("DEL", &meta).success(), "{how}");
+        }
+        // Asked for by name: refused, naming what holds it.
+        for (ip, holder) in [
+            ("198.18.40.1", "this node (nic0)"),
+            ("198.18.40.2", "this node (nic1)"),
+            ("198.18.40.3", "the range's gateway"),
+        ] {
+            let asked = with_networks(
+                &meta,
+                &json!([{"name": "file-rail", "namespace": "default", "ips": [format!("{ip}/24")]}]).to_string(),
+            );
+            let (code, msg, _) = n.plexus("ADD", &asked).error();
+            assert_eq!(code, 111, "{how}: {msg}");
+            assert!(msg.ends_with(&format!("requested address {ip} is already allocated to {holder}")), "{how}: {msg}");
+            assert!(n.plexus("DEL", &asked).success());
+        }
+    }
+    assert_eq!(n.held(), 0);
+    assert!(etcd.keys("/plexus-test/default/ips/").is_empty());
+    assert_eq!(n.pod_links(), ["lo"]);
+}
+
 // What an error tells.
 
 /// plexus run for pod `namespace/name` (container `name`) in the pod namespace at `netns`.
@@ -35,13 +113,7 @@ fn as_pod<'a>(
 #[test]
 fn an_address_a_pod_of_another_namespace_holds_is_refused_without_naming_it_in_the_file_and_etcd_stores() {
     let n = Node::new();
-    let etcd = plexus_tests::etcd::Etcd::start_in(&n.lab.node);
-    let profile = json!({"etcd": {"endpoints": [etcd.endpoint()], "prefix": "/plexus-test", "timeoutMs": 2000}});
-    plexus_tests::write_policy(
-        n.dir.path(),
-        "policy.json",
-        &json!({"dataRoots": [std::env::temp_dir()], "stores": {"fabric": profile}}),
-    );
+    let etcd = with_etcd_store(&n);
     n.macvlan_nad("file-rail", "nic0", "198.18.40.0/24", json!({}));
     n.nad(
         "etcd-rail",

@@ -37,8 +37,8 @@ pub enum IpamError {
 /// Who holds an address, as an error shows it to the pod that asked for it. An error reaches a
 /// tenant (the pod's events, the runtime's logs, a claim's status): it names the holder's pod
 /// when it is of the asking pod's namespace, else only that a pod of another namespace holds it,
-/// and never a container ID. The only way to make one is [`Holder::as_seen_by`], so no store can
-/// show more.
+/// and never a container ID. The only way to make one a pod's is [`Holder::as_seen_by`], so no
+/// store can show more.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder(String);
 
@@ -53,6 +53,18 @@ impl Holder {
             (Some(_), _) => "a pod of another namespace".into(),
             (None, _) => "another attachment".into(),
         })
+    }
+}
+
+impl Holder {
+    /// The node itself: an address configured on its interface `ifname` (a port's, the uplink's).
+    pub fn node(ifname: &str) -> Holder {
+        Holder(format!("this node ({ifname})"))
+    }
+
+    /// The range's gateway.
+    pub fn gateway() -> Holder {
+        Holder("the range's gateway".into())
     }
 }
 

@@ -182,19 +182,18 @@ impl IpRange {
             let o = to_u128(g) - base;
             excluded.push((o, o));
         }
-        excluded.sort_unstable();
-        let mut merged: Vec<(u128, u128)> = Vec::new();
-        for (lo, hi) in excluded {
-            match merged.last_mut() {
-                Some(prev) if lo <= prev.1.saturating_add(1) => prev.1 = prev.1.max(hi),
-                _ => merged.push((lo, hi)),
-            }
-        }
-        let r = IpRange { network, first, last, excluded: merged, gateway };
+        let r = IpRange { network, first, last, excluded: merged(excluded), gateway };
         if r.capacity() == 0 {
             return Err(bad("range", spec.range, "every address is excluded: no address to hand out"));
         }
         Ok(r)
+    }
+
+    /// This range with `ips` excluded besides what it excludes (each one that lies in it).
+    pub fn excluding(&self, ips: &[IpAddr]) -> IpRange {
+        let mut excluded = self.excluded.clone();
+        excluded.extend(ips.iter().filter_map(|ip| self.offset_of(*ip)).map(|o| (o, o)));
+        IpRange { excluded: merged(excluded), ..self.clone() }
     }
 
     pub fn is_ipv4(&self) -> bool {
@@ -289,6 +288,19 @@ impl IpRange {
     pub fn key(&self) -> String {
         format!("{}-{}-{}", self.network, self.addr(self.first), self.addr(self.last))
     }
+}
+
+/// Excluded spans sorted, the overlapping and adjacent ones made one: what binary search walks.
+fn merged(mut spans: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
+    spans.sort_unstable();
+    let mut merged: Vec<(u128, u128)> = Vec::new();
+    for (lo, hi) in spans {
+        match merged.last_mut() {
+            Some(prev) if lo <= prev.1.saturating_add(1) => prev.1 = prev.1.max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    merged
 }
 
 trait LastAddr {

@@ -169,3 +169,22 @@ pub fn delete_named(path: &Path) -> Result<()> {
 pub fn sysctl(family: &str, ifname: &str, key: &str) -> PathBuf {
     ["net", family, "conf", ifname, key].iter().collect()
 }
+
+/// Every address configured in the calling thread's network namespace, with its interface's
+/// name (`getifaddrs(3)`: one netlink dump, no thread of its own): called in the node's
+/// namespace, the node's own addresses — on its ports and anywhere else.
+pub fn addresses_here() -> Result<Vec<(String, std::net::IpAddr)>, crate::NetError> {
+    let all = nix::ifaddrs::getifaddrs()
+        .map_err(|e| crate::NetError::netlink("list the namespace's addresses", std::io::Error::from(e)))?;
+    Ok(all
+        .filter_map(|a| {
+            let addr = a.address?;
+            let ip = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+                (Some(v4), _) => std::net::IpAddr::V4(v4.ip()),
+                (_, Some(v6)) => std::net::IpAddr::V6(v6.ip()),
+                _ => return None,
+            };
+            Some((a.interface_name, ip))
+        })
+        .collect())
+}

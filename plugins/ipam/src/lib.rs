@@ -8,6 +8,7 @@
 use std::net::IpAddr;
 
 use plexus_cni::{CniResult, Error, ErrorList, code};
+use plexus_ipam::error::Holder;
 use plexus_ipam::store::{Context, open as open_store, open_for_release as open_existing};
 use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
 use plexus_plugin::{About, Plugin, Request};
@@ -80,6 +81,25 @@ fn cni_gateways(req: &Request) -> Result<Vec<IpAddr>, Error> {
         .collect()
 }
 
+/// The node's own addresses are never a pod's: every address of the network namespace
+/// plexus-ipam runs in (the node's: on the port a pod's interface is made on, the uplink, any
+/// other) is left out of each range, in whatever store, and one asked for is refused (code 111,
+/// naming the node's interface); so is a range's gateway, which the ranges already leave out.
+/// The ranges to allocate from.
+fn without_node_addresses(cfg: &IpamConfig, requested: &[IpAddr]) -> Result<Vec<IpRange>, Error> {
+    let node = plexus_net::netns::addresses_here().map_err(|e| Error::from(e).context("the node's own addresses"))?;
+    for &ip in requested {
+        if let Some((ifname, _)) = node.iter().find(|(_, a)| *a == ip) {
+            return Err(IpamError::InUse { ip, holder: Holder::node(ifname) }.into());
+        }
+        if cfg.ranges.iter().any(|r| r.gateway == Some(ip)) {
+            return Err(IpamError::InUse { ip, holder: Holder::gateway() }.into());
+        }
+    }
+    let node: Vec<IpAddr> = node.into_iter().map(|(_, ip)| ip).collect();
+    Ok(cfg.ranges.iter().map(|r| r.excluding(&node)).collect())
+}
+
 /// Match each requested address to the range that may hand it out.
 fn per_range(ranges: &[IpRange], requested: &[IpAddr]) -> Result<Vec<Option<IpAddr>>, IpamError> {
     let mut out = vec![None; ranges.len()];
@@ -102,11 +122,13 @@ impl Plugin for Ipam {
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
         cfg.check_ranges_allowed(&req.policy, req.pod_namespace())?;
-        let wanted = per_range(&cfg.ranges, &requested(req)?)?;
+        let requested = requested(req)?;
+        let ranges = without_node_addresses(&cfg, &requested)?;
+        let wanted = per_range(&ranges, &requested)?;
         let store = open_store(&cfg, &Context::of(req))?;
         let ips = store.allocate(&AllocRequest {
             owner: owner(req, &cfg),
-            ranges: &cfg.ranges,
+            ranges: &ranges,
             requested: wanted,
             overlapping: cfg.overlapping,
         })?;
