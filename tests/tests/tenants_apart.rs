@@ -65,10 +65,9 @@ fn the_nodes_own_addresses_and_the_gateway_are_never_a_pods_thin_in_plexus_daemo
     for (how, meta) in [("thin", n.meta("")), ("daemon", daemon_meta.clone())] {
         for (network, pool) in [("file-rail", "198.18.40"), ("etcd-rail", "198.18.41"), ("claim", "198.18.40")] {
             let how = format!("{how}, {network}");
-            let (meta, run): (Value, &dyn Fn(&str, &Value) -> plexus_tests::Outcome) = match network {
-                "claim" => (n.with_claims(&with_networks(&meta, "")), &|v, m| n.plexus_for_pod(v, m)),
-                _ => (with_networks(&meta, network), &|v, m| n.plexus(v, m)),
-            };
+            let claim = network == "claim";
+            let meta = if claim { n.with_claims(&with_networks(&meta, "")) } else { with_networks(&meta, network) };
+            let run = |verb: &str, m: &Value| if claim { n.plexus_for_pod(verb, m) } else { n.plexus(verb, m) };
             let out = run("ADD", &meta);
             assert!(out.success(), "{how}: {}", out.stdout);
             assert_eq!(pod_addr(), [format!("{pool}.4/24")], "{how}: not the node's, nor the gateway");
