@@ -149,10 +149,16 @@ impl Node {
     /// nic0, with `config` as the claim's parameters of the driver (tenant input: `interface`,
     /// `mtu`, `ipam`, `network`, ...).
     pub fn claim(&self, name: &str, config: Value) {
+        self.claim_port(name, "nic0", "shared", config);
+    }
+
+    /// [`Node::claim`] of `port` (`nic0`, `nic1`) in `mode` (`shared`: a macvlan on it;
+    /// `exclusive`: the port itself moved into the pod).
+    pub fn claim_port(&self, name: &str, port: &str, mode: &str, config: Value) {
         let n = name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))) % 1_000_000_000_000;
         let uid = format!("11111111-2222-3333-4444-{n:012}");
         let prepared = json!({"version": 1, "namespace": "default", "name": name, "uid": uid, "pods": [POD_UID],
-            "devices": [{"request": "rail", "pool": "node-1", "device": "nic0", "ifname": "nic0", "mode": "shared",
+            "devices": [{"request": "rail", "pool": "node-1", "device": port, "ifname": port, "mode": mode,
                          "pciAddress": "0000:3b:00.0", "rdmaDevice": "mlx5_0", "config": config, "cdiDeviceIds": []}]});
         std::fs::create_dir_all(self.path("claims")).unwrap();
         std::fs::write(self.path("claims").join(format!("{uid}.json")), prepared.to_string()).unwrap();

@@ -121,8 +121,11 @@ fn an_address_a_pod_of_another_namespace_holds_is_refused_without_naming_it_in_t
     );
     let (bob_ns, carol_ns) = (n.lab.another_pod(), n.lab.another_pod());
     let pod = n.lab.pod.path();
-    for (network, ip) in [("file-rail", "198.18.40.10"), ("etcd-rail", "198.18.41.10")] {
-        let meta = n.meta(&json!([{"name": network, "namespace": "default", "ips": [format!("{ip}/24")]}]).to_string());
+    let (_daemon, daemon_meta) = n.daemon(&[], &[]);
+    let cases = [("file-rail", "198.18.40.10"), ("etcd-rail", "198.18.41.10")];
+    for ((network, ip), base) in cases.iter().flat_map(|c| [(c, n.meta("")), (c, daemon_meta.clone())]) {
+        let selection = json!([{"name": network, "namespace": "default", "ips": [format!("{ip}/24")]}]);
+        let meta = with_networks(&base, &selection.to_string());
         let alice = n.plexus_with("ADD", &meta, as_pod("team-a", "alice", &pod));
         assert!(alice.success(), "{network}: {}", alice.stdout);
         let (code, msg, details) = n.plexus_with("ADD", &meta, as_pod("team-b", "bob", &bob_ns.path())).error();
@@ -215,6 +218,14 @@ fn a_tenants_broken_or_huge_nad_file_neither_breaks_nor_bloats_another_tenants_a
     assert!(n.plexus("DEL", &meta).success());
     let peak = peak_rss_kib(daemon.pid());
     assert!(peak < 64 * 1024, "the daemon's peak RSS is {peak} KiB");
+    // A claim taking its config from the NAD (the claim's network), beside them.
+    n.claim("rail", json!({"interface": "net1", "network": "rail0"}));
+    let claimed = n.with_claims(&with_networks(&daemon_meta, ""));
+    let out = n.plexus_for_pod("ADD", &claimed);
+    assert!(out.success(), "claim: {}", out.stdout);
+    assert!(n.plexus_for_pod("DEL", &claimed).success());
+    assert!(peak_rss_kib(daemon.pid()) < 64 * 1024);
+    std::fs::remove_dir_all(n.path("claims")).unwrap();
     // The broken file is its own network's error, and only its own.
     for meta in [n.meta("broken"), with_networks(&daemon_meta, "broken")] {
         let (code, msg, _) = n.plexus("ADD", &meta).error();
@@ -245,10 +256,19 @@ fn a_pods_slow_delegate_beside_its_exclusive_port_does_not_hold_another_pods_dev
     std::fs::create_dir_all(&gate).unwrap();
     write_gated_delegate(&n.path("spies").join("slow"), &gate, &n.path("spies").join("spy"));
     n.nad("slow", &json!({"cniVersion": "1.0.0", "type": "slow"}));
+    // The first pod's port from a claim: the port0 NAD's config (its state directory) on the
+    // allocated port.
+    n.claim_port("port", "nic0", "exclusive", json!({"interface": "net2", "network": "port0"}));
     let (_daemon, daemon_meta) = n.daemon(&[], &[]);
-    for (how, meta) in [("thin", n.meta("")), ("daemon", daemon_meta.clone())] {
+    let cases = [
+        ("thin", with_networks(&n.meta(""), "port0,slow"), 0),
+        ("daemon", with_networks(&daemon_meta, "port0,slow"), 0),
+        ("claim", n.with_claims(&with_networks(&daemon_meta, "slow")), 1),
+    ];
+    for (how, first, port) in cases {
         let _ = std::fs::remove_file(gate.join("open"));
-        let mut first = with_networks(&meta, "port0,slow");
+        let mut first = first;
+        let meta = if how == "thin" { n.meta("") } else { daemon_meta.clone() };
         let log = n.path(&format!("{how}-second.log"));
         first["logFile"] = json!(n.path(&format!("{how}-first.log")));
         let mut second = with_networks(&meta, "port1");
@@ -259,11 +279,16 @@ fn a_pods_slow_delegate_beside_its_exclusive_port_does_not_hold_another_pods_dev
             r.env("CNI_CONTAINERID", "pod2").env("CNI_NETNS", other.path().to_str().unwrap())
         };
         std::thread::scope(|s| {
-            let pod1 = s.spawn(|| n.plexus("ADD", &first));
+            // Should an assertion fail, the gate opens and the first pod's ADD ends.
+            let _opens = OpenOnDrop(gate.join("open"));
+            let pod1 = s.spawn(|| n.plexus_for_pod("ADD", &first));
             // Its port's ADD is done (its result recorded) and its slow delegate waits at the gate.
             wait_for(&gate.join("entered-pod1"));
             let cache = n.path("cache/pod1");
-            wait_until(|| std::fs::read_to_string(&cache).is_ok_and(|c| c.contains("\"attachment\":0")));
+            let recorded = format!("\"attachment\":{port}");
+            wait_until(&format!("{how}: {recorded} in the cache"), || {
+                std::fs::read_to_string(&cache).is_ok_and(|c| c.contains(&recorded))
+            });
             let out = n.plexus_with("ADD", &second, as_other);
             assert!(out.success(), "{how}: {}", out.stdout);
             assert!(!gate.join("open").exists(), "{how}: the first pod's slow delegate still runs");
@@ -273,21 +298,30 @@ fn a_pods_slow_delegate_beside_its_exclusive_port_does_not_hold_another_pods_dev
             assert!(pod1.join().unwrap().success(), "{how}");
         });
         assert!(n.plexus_with("DEL", &second, as_other).success(), "{how}");
-        assert!(n.plexus("DEL", &first).success(), "{how}");
+        assert!(n.plexus_for_pod("DEL", &first).success(), "{how}");
         assert_eq!(n.pod_links(), ["lo"], "{how}");
         let _ = std::fs::remove_file(gate.join("entered-pod1"));
     }
 }
 
+/// Creates its file when dropped (a panic included).
+struct OpenOnDrop(std::path::PathBuf);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, b"");
+    }
+}
+
 fn wait_for(path: &Path) {
-    wait_until(|| path.exists());
+    wait_until(&path.display().to_string(), || path.exists());
 }
 
 /// Wait (up to 30 s, failing then) until `done`.
-fn wait_until(done: impl Fn() -> bool) {
+fn wait_until(what: &str, done: impl Fn() -> bool) {
     let start = std::time::Instant::now();
     while !done() {
-        assert!(start.elapsed() < std::time::Duration::from_secs(30), "never happened");
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "never happened: {what}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
