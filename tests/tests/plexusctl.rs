@@ -68,6 +68,47 @@ impl Ctl {
 }
 
 #[test]
+fn plexusctl_runs_the_admins_meta_plugin_network_as_a_runtime_does_and_its_delegates_as_delegates() {
+    let c = Ctl::new("1.0.0");
+    // The admin's meta config in the conf dir, its network a NAD from a file: plexusctl is the
+    // runtime here (as the kubelet's is), so the meta-plugin is what it runs, not a delegate.
+    let nads = c.dir.path().join("nads");
+    std::fs::create_dir_all(&nads).unwrap();
+    let rail = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": {"type": "plexus-ipam", "range": "198.18.83.0/24", "dataDir": c.ipam2}});
+    std::fs::write(
+        nads.join("rail0.yaml"),
+        format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: rail0\nspec:\n  config: '{rail}'\n"),
+    )
+    .unwrap();
+    let meta = json!({"cniVersion": "1.0.0", "name": "meta", "type": "plexus", "nadDir": nads, "networks": "rail0",
+        "cniDir": c.dir.path().join("cache"), "binDir": bin_dir()});
+    std::fs::write(c.netconf().join("00-meta.conf"), meta.to_string()).unwrap();
+    let pod = c.lab.pod.path();
+    let (ok, out, err) = c.ctl(&["add", "meta", pod.to_str().unwrap()]);
+    assert!(ok, "plexusctl add: {out}{err}");
+    assert_eq!(c.lab.pod.addrs("net1")[0].cidr(), "198.18.83.1/24");
+    // A network naming the meta-plugin as its IPAM is still refused: its delegates are delegates.
+    let nested = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+        "ipam": {"type": "plexus", "binDir": "/tmp"}});
+    std::fs::write(
+        nads.join("nested.yaml"),
+        format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata:\n  name: nested\nspec:\n  config: '{nested}'\n"),
+    )
+    .unwrap();
+    let mut evil = meta.clone();
+    evil["name"] = json!("evil");
+    evil["networks"] = json!("nested");
+    std::fs::write(c.netconf().join("10-evil.conf"), evil.to_string()).unwrap();
+    let other = c.lab.another_pod();
+    let (ok, out, err) = c.ctl(&["add", "evil", other.path().to_str().unwrap()]);
+    assert!(!ok && format!("{out}{err}").contains("plugin type \"plexus\" is a meta-plugin"), "{out}{err}");
+    let (ok, out, err) = c.ctl(&["del", "meta", pod.to_str().unwrap()]);
+    assert!(ok, "plexusctl del: {out}{err}");
+    assert_eq!(c.lab.pod.links().len(), 1, "only lo");
+}
+
+#[test]
 fn cnitool_and_plexusctl_finish_each_others_attachments() {
     let c = Ctl::new("1.0.0");
     let pod = c.lab.pod.path();

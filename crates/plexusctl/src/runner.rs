@@ -155,7 +155,7 @@ impl Invocation {
     }
 
     pub fn add(&self) -> Result<Value> {
-        let (_, printed) = chain::add(&Runner::default(), &self.list, &self.caps, &self.env).map_err(cni)?;
+        let (_, printed) = chain::add(&Runner::runtime(), &self.list, &self.caps, &self.env).map_err(cni)?;
         let info = CachedInfo {
             kind: "cniCacheV1".into(),
             container_id: self.env.container_id.clone(),
@@ -172,7 +172,7 @@ impl Invocation {
 
     pub fn check(&self) -> Result<()> {
         chain::check(
-            &Runner::default(),
+            &Runner::runtime(),
             &self.list,
             &self.caps,
             &self.env,
@@ -183,12 +183,12 @@ impl Invocation {
 
     pub fn del(&self) -> Result<()> {
         let cached = self.cached().and_then(|c| c.result);
-        chain::del(&Runner::default(), &self.list, &self.caps, &self.env, cached.as_ref()).map_err(cni)?;
+        chain::del(&Runner::runtime(), &self.list, &self.caps, &self.env, cached.as_ref()).map_err(cni)?;
         files::remove_if_present(&self.cache_path()).map_err(cni)
     }
 
     pub fn status(&self) -> Result<()> {
-        chain::status_or_gc(&Runner::default(), &self.list, &self.env, Command::Status, None).map_err(cni)
+        chain::status_or_gc(&Runner::runtime(), &self.list, &self.env, Command::Status, None).map_err(cni)
     }
 
     /// GC with every attachment libcni's cache still holds for this network as valid.
@@ -203,7 +203,7 @@ impl Invocation {
             .filter(|c| c.network_name == self.list.name)
             .map(|c| serde_json::json!({"containerID": c.container_id, "ifname": c.if_name}))
             .collect();
-        chain::status_or_gc(&Runner::default(), &self.list, &self.env, Command::Gc, Some(&Value::Array(valid)))
+        chain::status_or_gc(&Runner::runtime(), &self.list, &self.env, Command::Gc, Some(&Value::Array(valid)))
             .map_err(cni)
     }
 }

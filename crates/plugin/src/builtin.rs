@@ -64,7 +64,12 @@ impl std::fmt::Debug for Builtin {
 /// Clones share what was learned (which binary is which plugin, whether in-process runs were
 /// given up).
 #[derive(Clone, Default)]
-pub struct Runner(Option<Arc<Parent>>);
+pub struct Runner {
+    parent: Option<Arc<Parent>>,
+    /// A CNI runtime's ([`Runner::runtime`]): it runs the admin's network configs themselves, not
+    /// a network's delegates.
+    runtime: bool,
+}
 
 struct Parent {
     carried: &'static [Builtin],
@@ -77,7 +82,8 @@ struct Parent {
 
 impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
+        match &self.parent {
+            None if self.runtime => f.write_str("Runner(runtime)"),
             None => f.write_str("Runner(exec)"),
             Some(p) => {
                 let names: Vec<&str> = p.carried.iter().map(|b| b.about.name).collect();
@@ -95,14 +101,28 @@ impl Runner {
     /// them, of this build, in `CNI_PATH` (none: every delegate is exec'd). Plugins without a
     /// build are never run in-process.
     pub fn parent(carried: &'static [Builtin]) -> Runner {
-        Runner(Some(Arc::new(Parent { carried, seen: Mutex::default(), given_up: AtomicBool::new(false) })))
+        let parent = Parent { carried, seen: Mutex::default(), given_up: AtomicBool::new(false) };
+        Runner { parent: Some(Arc::new(parent)), runtime: false }
+    }
+
+    /// A CNI runtime's runner (plexusctl's, as cnitool's libcni): it runs the network configs the
+    /// admin installed, whatever their plugins are — the meta-plugin among them, as the kubelet's
+    /// runtime does — so neither the rule that only delegates are delegates nor the delegation's
+    /// mark applies to what it runs. Every plugin it runs delegates with a runner of its own.
+    pub fn runtime() -> Runner {
+        Runner { parent: None, runtime: true }
+    }
+
+    /// Whether this is a CNI runtime's runner ([`Runner::runtime`]).
+    pub fn is_runtime(&self) -> bool {
+        self.runtime
     }
 
     /// Stop running delegates in-process, for the rest of this runner's life: `why` an
     /// in-process run could not be stopped (it overran its deadline). Its thread is left to end
     /// by itself.
     pub fn give_up(&self, why: &str) {
-        if let Some(p) = &self.0
+        if let Some(p) = &self.parent
             && !p.given_up.swap(true, Ordering::SeqCst)
             && !p.carried.is_empty()
         {
@@ -112,13 +132,13 @@ impl Runner {
 
     /// Whether in-process runs were given up ([`Runner::give_up`]).
     pub fn given_up(&self) -> bool {
-        self.0.as_ref().is_some_and(|p| p.given_up.load(Ordering::SeqCst))
+        self.parent.as_ref().is_some_and(|p| p.given_up.load(Ordering::SeqCst))
     }
 
     /// The carried plugin `binary` is, when it is one of this build; `None` when nothing is
     /// carried, in-process runs were given up, or the binary is anything else.
     pub(crate) fn lookup(&self, binary: &Path) -> Option<&'static Builtin> {
-        let parent = self.0.as_ref().filter(|p| !p.carried.is_empty())?;
+        let parent = self.parent.as_ref().filter(|p| !p.carried.is_empty())?;
         if self.given_up() {
             return None;
         }

@@ -59,10 +59,12 @@ pub const NOT_PLUGINS: &[&str] = &["plexus-daemon", "plexusctl"];
 
 /// Why `plugin_type`, found at `binary`, may not be a delegate; `None` when it may.
 fn forbidden(plugin_type: &str, binary: Option<&Path>) -> Option<Error> {
-    let role = match () {
-        _ if META_PLUGINS.contains(&plugin_type) => Role::Meta,
-        _ if NOT_PLUGINS.contains(&plugin_type) => Role::Tool,
-        _ => binary.and_then(crate::role::of_file).unwrap_or(Role::Delegate),
+    let role = if META_PLUGINS.contains(&plugin_type) {
+        Role::Meta
+    } else if NOT_PLUGINS.contains(&plugin_type) {
+        Role::Tool
+    } else {
+        binary.and_then(crate::role::of_file).unwrap_or(Role::Delegate)
     };
     match role {
         Role::Delegate => None,
@@ -147,7 +149,9 @@ impl Runner {
         config: &Value,
         waited: Waited,
     ) -> Result<Running, Error> {
-        let binary = match resolve(plugin_type, &env.path) {
+        let found =
+            if self.is_runtime() { find_plugin(plugin_type, &env.path) } else { resolve(plugin_type, &env.path) };
+        let binary = match found {
             Ok(binary) => binary,
             // Never run, so nothing of it exists to delete or collect.
             Err(e) if e.code == code::INVALID_NETWORK_CONFIG && matches!(command, Command::Del | Command::Gc) => {
@@ -166,7 +170,7 @@ impl Runner {
         let run = match self.lookup(&binary) {
             Some(builtin) => {
                 tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating, in-process");
-                let env = child_env(command, env).map_err(failed)?;
+                let env = child_env(command, env, !self.is_runtime()).map_err(failed)?;
                 match waited {
                     Waited::Now => Run::Ran(crate::builtin::run(builtin, self, &env, &stdin)),
                     Waited::Later => {
@@ -176,7 +180,7 @@ impl Runner {
             }
             None => {
                 tracing::debug!(plugin = plugin_type, %command, binary = %binary.display(), "delegating");
-                let (child, feeder) = start(&binary, command, env, stdin).map_err(failed)?;
+                let (child, feeder) = start(&binary, command, env, !self.is_runtime(), stdin).map_err(failed)?;
                 Run::Child { child, feeder }
             }
         };
@@ -287,7 +291,7 @@ const STDIN_INLINE_MAX: usize = 16 * 1024;
 
 /// What a delegate's environment changes from this process's: the `CNI_*` variables of
 /// `command` and `env`, then `env`'s own variables; `None` removes a variable.
-fn child_env(command: Command, env: &CniEnv) -> std::io::Result<HashMap<String, Option<String>>> {
+fn child_env(command: Command, env: &CniEnv, delegated: bool) -> std::io::Result<HashMap<String, Option<String>>> {
     let path = std::env::join_paths(&env.path).map_err(std::io::Error::other)?.to_string_lossy().into_owned();
     let mut vars: HashMap<String, Option<String>> = [
         ("CNI_COMMAND", Some(command.as_str().to_string())),
@@ -304,7 +308,9 @@ fn child_env(command: Command, env: &CniEnv) -> std::io::Result<HashMap<String, 
     // The trace context is the request's (`env.vars`), never what this process inherited.
     vars.extend(crate::trace::TRACE_CONTEXT_ENV.iter().map(|(k, _)| (k.to_string(), None)));
     vars.extend(env.vars.iter().map(|(k, v)| (k.clone(), Some(v.clone()))));
-    vars.insert(DELEGATED_ENV.to_string(), Some("1".to_string()));
+    if delegated {
+        vars.insert(DELEGATED_ENV.to_string(), Some("1".to_string()));
+    }
     Ok(vars)
 }
 
@@ -312,10 +318,11 @@ fn start(
     binary: &Path,
     command: Command,
     env: &CniEnv,
+    delegated: bool,
     stdin: Vec<u8>,
 ) -> std::io::Result<(Child, Option<std::thread::JoinHandle<()>>)> {
     let mut cmd = Process::new(binary);
-    for (k, v) in child_env(command, env)? {
+    for (k, v) in child_env(command, env, delegated)? {
         match v {
             Some(v) => cmd.env(k, v),
             None => cmd.env_remove(k),
