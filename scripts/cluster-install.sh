@@ -14,7 +14,8 @@
 # PLEXUS_META_KEYS adds members to the meta config (e.g. '"namespaceIsolation": true'), as an
 # admin would in the ConfigMap. PLEXUS_DAEMON_MODE=1 installs daemon mode ("daemonSocket" in the
 # meta config). PLEXUS_INSTALL_WITH=helm installs with the chart instead of the manifests;
-# PLEXUS_HELM_ARGS adds arguments to `helm install`.
+# PLEXUS_HELM_ARGS adds arguments to `helm install`; PLEXUS_CHART and PLEXUS_IMAGE_TAG install
+# another chart and image tag (another release's, its image imported beforehand: tests/tests/rollout.rs).
 #
 #   bash scripts/cluster-install.sh --uninstall   # as README says: with the manifests, the
 #                                                 # DaemonSet in the foreground first, then the rest
@@ -84,8 +85,8 @@ keys="\"clusterNetwork\": \"$CLUSTER_NETWORK\", \"cniDir\": \"$PLEXUS_DATA_DIR/m
 
 if [ "${PLEXUS_INSTALL_WITH:-}" = helm ]; then
   # shellcheck disable=SC2086
-  helm install plexus deploy/helm/plexus -n kube-system --set "mode=$mode" \
-    --set image.repository=localhost/plexus --set image.tag=test --set image.pullPolicy=Never \
+  helm install plexus "${PLEXUS_CHART:-deploy/helm/plexus}" -n kube-system --set "mode=$mode" \
+    --set image.repository=localhost/plexus --set "image.tag=${PLEXUS_IMAGE_TAG:-test}" --set image.pullPolicy=Never \
     --set "cni.binDir=$CNI_BIN_DIR" --set "cni.confDir=$CNI_CONF_DIR" \
     --set "daemon.socket=$socket" --set "daemon.statusJournal=$journal" \
     --set-json "metaConfig.keys={$keys}" ${PLEXUS_HELM_ARGS:-} > /dev/null

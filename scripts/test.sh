@@ -94,6 +94,14 @@ later peers "the peers (scripts/peers.sh)" bash scripts/peers.sh
 later release "the shipped build (scripts/build-release.sh)" bash scripts/build-release.sh
 # Built from Debian's source package; the tests drive plexus through it.
 later cnitool "cnitool (scripts/tools/build-cnitool.sh)" bash scripts/tools/build-cnitool.sh
+# The previous release (CHANGELOG.md's newest), from its commit, unoptimised, cached outside the
+# clone by commit: the version-skew tests run it beside this tree's build. At nice 10: it is
+# needed only when the tests start.
+previous() {
+  renice -n 10 -p "$BASHPID" > /dev/null
+  bash scripts/previous-release.sh
+}
+later previous "the previous release (scripts/previous-release.sh), at nice 10" previous
 # At low priority, from the start, so they take only what CPU the rest leaves: the arm64 build
 # (nice 10), then, once the tests' own build is done ($bg/built), checked under qemu-user (its
 # entry-point checks, the demo, the image index of both architectures); and, at the lowest (nice
@@ -141,10 +149,11 @@ if echo 'pub fn f(v: &Vec<u8>) -> usize { v.len() }' | CARGO_PRIMARY_PACKAGE=1 "
 fi
 cargo build --workspace --all-targets --locked
 touch "$bg/built"
-step "waiting for the shipped build, the peers and cnitool"
+step "waiting for the shipped build, the peers, cnitool and the previous release"
 await release
 await peers
 await cnitool
+await previous
 # The tests run by scripts/runtests.py as cargo-nextest would run them (a process each, scheduled
 # by .config/nextest.toml: groups, priorities, the timeout), every one of them whatever fails: a
 # fresh machine would compile nextest first, 165 CPU seconds of a run that is short of CPU.

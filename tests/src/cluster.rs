@@ -112,8 +112,18 @@ impl Cluster {
     /// `scripts/cluster-install.sh`: plexus installed by `with` ("manifests" or "helm"), in
     /// daemon mode when `daemon_mode`, `meta_keys` added to its meta config.
     pub fn install(&self, meta_keys: &str, daemon_mode: bool, with: &str) {
-        let install = self
-            .script("cluster-install.sh")
+        self.install_release(meta_keys, daemon_mode, with, None);
+    }
+
+    /// [`Cluster::install`] with Helm of another release: its chart (`deploy/helm/plexus` of
+    /// `release`, as `scripts/previous-release.sh` keeps it) and its image, imported first as
+    /// `localhost/plexus:<image_tag>` ([`Cluster::import_image`]).
+    pub fn install_release(&self, meta_keys: &str, daemon_mode: bool, with: &str, release: Option<(&Path, &str)>) {
+        let mut script = self.script("cluster-install.sh");
+        if let Some((chart, tag)) = release {
+            script.env("PLEXUS_CHART", chart).env("PLEXUS_IMAGE_TAG", tag);
+        }
+        let install = script
             .envs(&self.env)
             .env("PLEXUS_META_KEYS", meta_keys)
             .env("PLEXUS_DAEMON_MODE", if daemon_mode { "1" } else { "" })
@@ -526,26 +536,9 @@ impl Cluster {
         PathBuf::from(String::from_utf8_lossy(&built.stdout).trim())
     }
 
-    /// A second image of plexus in the node's containerd, `localhost/plexus:TAG`: the shipped build
-    /// (`scripts/build-release.sh`) with `TAG` appended to every binary — the same code (the loader
-    /// ignores trailing bytes), other files, so a rollout to it replaces each binary on the node.
-    /// Returns the image's binaries.
-    pub fn import_marked_image(&self, tag: &str) -> tempfile::TempDir {
-        let built = self.release_build();
-        let shipped = Command::new("bash")
-            .args(["-c", "source scripts/lib/shipped.sh && echo \"${SHIPPED[@]}\""])
-            .current_dir(repo())
-            .output()
-            .unwrap();
-        let bins = tempfile::tempdir().unwrap();
-        for name in String::from_utf8(shipped.stdout).unwrap().split_whitespace() {
-            let mut bytes = std::fs::read(built.join(name)).unwrap();
-            bytes.extend_from_slice(format!("\nplexus-image-{tag}\n").as_bytes());
-            let dest = bins.path().join(name);
-            std::fs::write(&dest, bytes).unwrap();
-            std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        }
-        assert!(std::fs::read_dir(bins.path()).unwrap().count() >= 6, "scripts/lib/shipped.sh's list");
+    /// An image of plexus in the node's containerd, `localhost/plexus:TAG`, made of the binaries in
+    /// `bins` (another release's: the image file is this tree's, the same at every release so far).
+    pub fn import_image(&self, tag: &str, bins: &Path) {
         let work = tempfile::tempdir().unwrap();
         let archive = work.path().join("image.tar");
         let arch =
@@ -555,7 +548,7 @@ impl Cluster {
             .env("ARCHES", arch.trim())
             .env("IMAGE", format!("localhost/plexus:{tag}"))
             .env("ARCHIVE", &archive)
-            .env("PLEXUS_BIN_DIR", bins.path())
+            .env("PLEXUS_BIN_DIR", bins)
             .env("PLEXUS_IMAGE_STORE", work.path().join("podman"))
             .output()
             .unwrap();
@@ -573,7 +566,6 @@ impl Cluster {
             .args(["--runroot", &work.path().join("podman/run").display().to_string()])
             .args(["--storage-driver", "vfs", "rmi", "-a", "-f"])
             .output();
-        bins
     }
 
     /// Lines of containerd's log where a CNI ADD or DEL failed.

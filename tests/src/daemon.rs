@@ -33,7 +33,19 @@ impl DaemonProcess {
         args: &[&str],
         env: &[(&str, &Path)],
     ) -> DaemonProcess {
-        let mut cmd = Command::new(plugin_bin("plexus-daemon"));
+        DaemonProcess::start_binary(&plugin_bin("plexus-daemon"), netns, socket, log, args, env)
+    }
+
+    /// [`DaemonProcess::start_with_env`] of the plexus-daemon at `binary` (another release's).
+    pub fn start_binary(
+        binary: &Path,
+        netns: &Path,
+        socket: &Path,
+        log: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> DaemonProcess {
+        let mut cmd = Command::new(binary);
         cmd.env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .envs(env.iter().copied())

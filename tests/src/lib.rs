@@ -22,7 +22,8 @@ pub use daemon::DaemonProcess;
 pub use kernel::{Addr, Link, Route, Rule};
 pub use netns::{Lab, Netns};
 pub use runner::{
-    Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, reference_plugin, test_policy, tool_bin, write_policy,
+    Outcome, PluginRun, REFERENCE_CNI_DIR, plugin_bin, previous_release, reference_plugin, test_policy, tool_bin,
+    write_policy,
 };
 
 /// The data directory of one test's store or state (plexus-ipam's `dataDir`, plexus-host-device's

@@ -56,6 +56,20 @@ pub fn tool_bin(name: &str) -> PathBuf {
     p
 }
 
+/// The previous release of plexus, as the test command builds it (`scripts/previous-release.sh`,
+/// which `target/tools/previous` points at): `bin/` (its binaries) and `deploy/` (its chart and
+/// manifests).
+pub fn previous_release() -> PathBuf {
+    let target = bin_dir().parent().expect("target dir").to_path_buf();
+    let p = target.join("tools/previous");
+    assert!(
+        p.join("bin/plexus").is_file(),
+        "{} is not built: scripts/test.sh builds it (scripts/previous-release.sh)",
+        p.display()
+    );
+    p
+}
+
 /// A Debian reference plugin.
 pub fn reference_plugin(name: &str) -> PathBuf {
     let p = Path::new(REFERENCE_CNI_DIR).join(name);

@@ -131,6 +131,19 @@ impl Node {
         .run()
     }
 
+    /// An etcd beside the node, the node policy naming it as the store profile `fabric` (prefix
+    /// `/plexus-test`).
+    pub fn etcd_store(&self) -> crate::etcd::Etcd {
+        let etcd = crate::etcd::Etcd::start_in(&self.lab.node);
+        let profile = json!({"etcd": {"endpoints": [etcd.endpoint()], "prefix": "/plexus-test", "timeoutMs": 2000}});
+        write_policy(
+            self.dir.path(),
+            "policy.json",
+            &json!({"dataRoots": [std::env::temp_dir()], "stores": {"fabric": profile}}),
+        );
+        etcd
+    }
+
     /// A plexus-daemon serving this node's meta config, with `args` and `env`: the daemon, and
     /// [`Node::meta`] naming its socket (and the shim's log, `shim.log`).
     pub fn daemon(&self, args: &[&str], env: &[(&str, &Path)]) -> (DaemonProcess, Value) {

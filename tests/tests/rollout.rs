@@ -1,7 +1,8 @@
-//! plexus upgraded under load on the real node of `scripts/cluster.sh` ([`plexus_tests::cluster`]):
-//! its DaemonSet rolled from one image to the next and back, and between thin and daemon mode,
-//! seven Helm upgrades in a row (as docs/migrating.md has them), while pods are created and deleted
-//! without a pause.
+//! plexus upgraded and rolled back under load on the real node of `scripts/cluster.sh`
+//! ([`plexus_tests::cluster`]): its DaemonSet rolled from the previous release (its chart and its
+//! image, built from its commit: `scripts/previous-release.sh`) to this tree's and back, and
+//! between thin and daemon mode, seven Helm upgrades in a row (as docs/migrating.md has them),
+//! while pods are created and deleted without a pause: the version-skew rule on a real node.
 //! No pod's ADD or DEL may fail on the way (containerd's log is read for both), every pod must
 //! come up, and at the end nothing is left: addresses, caches, state, links.
 
@@ -10,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use plexus_tests::cluster::{Cluster, repo, wait_until};
+use plexus_tests::previous_release;
 
-/// `helm upgrade` of the release with `set` (values kept otherwise), waiting for the rollout.
-fn upgrade(c: &Cluster, set: &str) {
-    let chart = repo().join("deploy/helm/plexus");
+/// `helm upgrade` of the release to `chart` with `set` (values kept otherwise), waiting for the
+/// rollout.
+fn upgrade(c: &Cluster, chart: &Path, set: &str) {
     let kubeconfig = c.var("KUBECONFIG");
     let args = ["--kubeconfig", kubeconfig, "-n", "kube-system", "upgrade", "plexus", chart.to_str().unwrap()];
     let (ok, out) =
@@ -51,30 +53,36 @@ fn churn(c: &Cluster, worker: usize, stop: &AtomicBool) -> (Vec<String>, usize) 
 }
 
 #[test]
-fn plexus_rolled_to_a_new_image_and_between_thin_and_daemon_mode_under_pod_churn_fails_no_add_or_del() {
+fn plexus_rolled_from_the_previous_release_to_this_one_and_back_and_between_modes_under_pod_churn_fails_no_add_or_del()
+{
     let c = Cluster::bare(None);
     let before = c.node_state();
-    // Image A (this build, `localhost/plexus:test`) in thin mode, with Helm.
-    c.install("", false, "helm");
-    let image_b = c.import_marked_image("b");
+    // The previous release (its image as `localhost/plexus:previous`, its chart) in thin mode.
+    let previous = previous_release();
+    c.import_image("previous", &previous.join("bin"));
+    let previous_chart = previous.join("deploy/helm/plexus");
+    c.install_release("", false, "helm", Some((&previous_chart, "previous")));
     c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.18.237.0/24"));
     let failures_before = c.cni_failures();
     let started = Instant::now();
     let stop = AtomicBool::new(false);
     let phase = |what: &str| eprintln!("{:>6.1} s  {what}", started.elapsed().as_secs_f64());
 
-    let image_a = c.release_build();
+    // This tree's image, `localhost/plexus:test` (cluster-install.sh imported it), and chart.
+    let this = c.release_build();
+    let this_chart = repo().join("deploy/helm/plexus");
     let conf = Path::new(c.var("CNI_CONF_DIR")).join("00-plexus.conflist");
-    // Each step a Helm upgrade; after it, the node has that image's binaries, each replaced whole
-    // (a new file renamed over the old), and the mode's meta config.
+    // Each step a Helm upgrade to a release's chart and image; after it, the node has that
+    // release's binaries, each replaced whole (a new file renamed over the old), and the mode's
+    // meta config.
     let steps = [
-        ("image.tag=b", "b", false),
-        ("mode=daemon", "b", true),
-        ("image.tag=test", "test", true),
-        ("mode=thin", "test", false),
-        ("image.tag=b", "b", false),
-        ("mode=daemon", "b", true),
-        ("mode=thin", "b", false),
+        ("image.tag=test", "test", false),
+        ("mode=daemon", "test", true),
+        ("image.tag=previous", "previous", true),
+        ("mode=thin", "previous", false),
+        ("image.tag=test", "test", false),
+        ("mode=daemon", "test", true),
+        ("image.tag=previous", "previous", true),
     ];
     let results = std::thread::scope(|s| {
         // The workers stop when this scope's body ends, a panic included (the scope waits for them).
@@ -93,10 +101,14 @@ fn plexus_rolled_to_a_new_image_and_between_thin_and_daemon_mode_under_pod_churn
             .collect();
         std::thread::sleep(Duration::from_secs(3));
         for (set, tag, daemon) in steps {
-            phase(&format!("helm upgrade --set {set}"));
-            upgrade(&c, set);
-            let image = if tag == "b" { image_b.path() } else { image_a.as_path() };
-            for e in std::fs::read_dir(image_b.path()).unwrap().flatten() {
+            let (chart, image) =
+                if tag == "test" { (&this_chart, this.clone()) } else { (&previous_chart, previous.join("bin")) };
+            phase(&format!(
+                "helm upgrade to {} --set {set}",
+                if tag == "test" { "this release" } else { "the previous" }
+            ));
+            upgrade(&c, chart, set);
+            for e in std::fs::read_dir(previous.join("bin")).unwrap().flatten() {
                 let (on_node, shipped) =
                     (Path::new(c.var("CNI_BIN_DIR")).join(e.file_name()), image.join(e.file_name()));
                 assert!(

@@ -17,24 +17,12 @@ fn with_networks(meta: &Value, networks: &str) -> Value {
     m
 }
 
-/// An etcd beside `n`, its node policy naming it as the store profile `fabric`.
-fn with_etcd_store(n: &Node) -> plexus_tests::etcd::Etcd {
-    let etcd = plexus_tests::etcd::Etcd::start_in(&n.lab.node);
-    let profile = json!({"etcd": {"endpoints": [etcd.endpoint()], "prefix": "/plexus-test", "timeoutMs": 2000}});
-    plexus_tests::write_policy(
-        n.dir.path(),
-        "policy.json",
-        &json!({"dataRoots": [std::env::temp_dir()], "stores": {"fabric": profile}}),
-    );
-    etcd
-}
-
 // The node's own addresses.
 
 #[test]
 fn the_nodes_own_addresses_and_the_gateway_are_never_a_pods_thin_in_plexus_daemon_from_a_claim_file_or_etcd() {
     let n = Node::new();
-    let etcd = with_etcd_store(&n);
+    let etcd = n.etcd_store();
     // The node's addresses in each pool: its rail port's own (the first address of the pool) and
     // one on another interface; the gateway is the third.
     for (dev, addr) in
@@ -112,7 +100,7 @@ fn as_pod<'a>(
 #[test]
 fn an_address_a_pod_of_another_namespace_holds_is_refused_without_naming_it_in_the_file_and_etcd_stores() {
     let n = Node::new();
-    let etcd = with_etcd_store(&n);
+    let etcd = n.etcd_store();
     n.macvlan_nad("file-rail", "nic0", "198.18.40.0/24", json!({}));
     n.nad(
         "etcd-rail",
@@ -324,4 +312,57 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
         assert!(start.elapsed() < std::time::Duration::from_secs(30), "never happened: {what}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+// A refused ADD's DEL.
+
+#[test]
+fn the_del_of_an_add_the_node_policy_refused_succeeds_thin_in_plexus_daemon_and_from_a_claim() {
+    let n = Node::with_policy(json!({"allow": {"parents": ["nic0", "nic1"], "ranges": ["198.18.40.0/24"]}}));
+    let state = DataDir::new("hd-refused");
+    let forbidden = "/etc/plexus-test-forbidden";
+    let macvlan = |extra: Value, ipam: Value| {
+        let mut c = json!({"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": "nic0",
+            "ipam": {"type": "plexus-ipam", "range": "198.18.40.0/24", "dataDir": n.ipam}});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c["ipam"].as_object_mut().unwrap().extend(ipam.as_object().unwrap().clone());
+        c
+    };
+    let refused = [
+        ("ipam-datadir", macvlan(json!({}), json!({"dataDir": forbidden}))),
+        ("passthru", macvlan(json!({"mode": "passthru"}), json!({}))),
+        ("parent", macvlan(json!({"master": "lo"}), json!({}))),
+        ("range", macvlan(json!({}), json!({"range": "198.18.41.0/24"}))),
+        (
+            "hd-datadir",
+            json!({"cniVersion": "1.0.0", "type": "plexus-host-device", "device": "nic1", "dataDir": forbidden}),
+        ),
+    ];
+    for (name, conf) in &refused {
+        n.nad(name, conf);
+    }
+    n.nad("hd", &json!({"cniVersion": "1.0.0", "type": "plexus-host-device", "device": "nic1", "dataDir": state}));
+    n.claim(
+        "refused",
+        json!({"interface": "net1", "ipam": {"type": "plexus-ipam", "range": "198.18.40.0/24", "dataDir": forbidden}}),
+    );
+    let (_daemon, daemon_meta) = n.daemon(&[], &[]);
+    for (how, meta) in [("thin", n.meta("")), ("daemon", daemon_meta.clone())] {
+        for (name, _) in &refused {
+            let how = format!("{how}, {name}");
+            let m = with_networks(&meta, name);
+            let (code, msg, _) = n.plexus("ADD", &m).error();
+            assert_eq!(code, 7, "{how}: {msg}");
+            let del = n.plexus("DEL", &m);
+            assert!(del.success(), "{how}: the DEL of what never was: {}", del.stdout);
+            assert_eq!(n.pod_links(), ["lo"], "{how}");
+        }
+        let claimed = n.with_claims(&with_networks(&meta, ""));
+        let (code, msg, _) = n.plexus_for_pod("ADD", &claimed).error();
+        assert_eq!(code, 7, "{how}, claim: {msg}");
+        let del = n.plexus_for_pod("DEL", &claimed);
+        assert!(del.success(), "{how}, claim: {}", del.stdout);
+    }
+    assert_eq!(n.held(), 0);
+    assert!(!Path::new(forbidden).exists(), "nothing made where the policy refused");
 }

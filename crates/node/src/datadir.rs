@@ -265,7 +265,11 @@ impl Policy {
                 Err(e) => Err(io(e)),
             };
         }
-        let (root, name) = self.tenant_place(key, path)?;
+        let (root, name) = match self.tenant_place(key, path) {
+            Ok(place) => place,
+            Err(refused) if !create => return self.earlier_dir(key, path, refused),
+            Err(refused) => return Err(refused),
+        };
         let want = Mark { kind, namespace: namespace.unwrap_or_default().to_string() };
         for _ in 0..ATTEMPTS {
             let root_dir = SafeDir::open_beneath(root, root, create).map_err(io)?;
@@ -291,7 +295,8 @@ impl Policy {
                     let found = entries(&dir).map_err(io)?;
                     let adoptable = found.iter().all(|(n, is_dir)| kind.made_by(n, *is_dir));
                     if !adoptable {
-                        return Err(self.not_ours(key, path, "it is not empty and carries no plexus mark"));
+                        let refused = self.not_ours(key, path, "it is not empty and carries no plexus mark");
+                        return if create { Err(refused) } else { self.earlier_dir(key, path, refused) };
                     }
                     if found.is_empty() && !create {
                         // Unmarked with nothing in it but plexus's temp files, if that: a request
@@ -362,6 +367,51 @@ impl Policy {
         Ok((root.as_path(), name))
     }
 
+    /// The release path's way into a data directory an earlier plexus used and the rule above
+    /// refuses now (nested beneath a data root, or unmarked and holding both plugins' files): DEL,
+    /// GC, CHECK and STATUS (`create` false) use it as it is, so that what an earlier release
+    /// attached there is released — a refusal is for new attachments, and ADD still gets
+    /// `refused`. Only beneath a data root, never through a symlink, never inside a plugin's
+    /// default directory or another marked data directory (another store's tree), and only when
+    /// everything in it is what a plexus store makes (domains with their lock, state files);
+    /// anything else keeps `refused` (DEL then finds nothing held). Nothing is made or marked in
+    /// it, and it is never removed.
+    fn earlier_dir(&self, key: &str, path: &Path, refused: Error) -> Result<Option<DataDir>, Error> {
+        let Ok(root) = self.data_root(key, path) else { return Err(refused) };
+        let Ok(rel) = path.strip_prefix(root) else { return Err(refused) };
+        let defaults = [Kind::IpamFileStore.default_dir(), Kind::HostDeviceState.default_dir()];
+        if defaults.iter().any(|d| path.starts_with(d)) {
+            return Err(refused);
+        }
+        let mut dir = match SafeDir::open_beneath(root, root, false) {
+            Ok(d) => d,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(_) => return Err(refused),
+        };
+        for c in rel.components() {
+            // A marked directory on the way: the path lies in a tenant store's tree.
+            if std::fs::symlink_metadata(dir.path().join(MARK)).is_ok() {
+                return Err(refused);
+            }
+            dir = match dir.subdir(&c.as_os_str().to_string_lossy(), false) {
+                Ok(d) => d,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+                Err(_) => return Err(refused),
+            };
+        }
+        let Ok(found) = entries(&dir) else { return Err(refused) };
+        let a_store = found.iter().all(|(n, is_dir)| {
+            let domain = Kind::IpamFileStore.made_by(n, *is_dir)
+                && std::fs::symlink_metadata(dir.path().join(n).join("lock")).is_ok_and(|m| m.is_file());
+            domain || Kind::HostDeviceState.made_by(n, *is_dir)
+        });
+        if !a_store {
+            return Err(refused);
+        }
+        tracing::info!("{key} {:?}: {refused}; used as it is to release what an earlier plexus left", path.display());
+        Ok(Some(DataDir { dir, tenant: None }))
+    }
+
     fn not_ours(&self, key: &str, path: &Path, why: &str) -> Error {
         Error::invalid_config(format!("{key} {:?} cannot be used: {why}", path.display().to_string()))
             .with_details("a tenant data directory is made and marked by plexus, and used as one kind only")
@@ -399,6 +449,45 @@ mod tests {
         assert!(other.retire_if_empty());
         assert!(!dir.exists());
         assert!(p.data_dir("dataDir", &dir, Kind::IpamFileStore, None, false, soon()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_store_an_earlier_plexus_made_where_add_now_refuses_is_used_to_release_and_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        let p = policy(root.path());
+        // Nested beneath the root (an earlier rule allowed it): a domain with its lock, a state file.
+        let nested = root.path().join("team-a/stores/ipam");
+        std::fs::create_dir_all(nested.join("default")).unwrap();
+        std::fs::write(nested.join("default/lock"), b"").unwrap();
+        std::fs::write(nested.join("c1=net1"), b"{}").unwrap();
+        let add = p.data_dir("dataDir", &nested, Kind::IpamFileStore, None, true, soon()).unwrap_err();
+        assert_eq!(add.code, plexus_cni::code::INVALID_NETWORK_CONFIG, "ADD still refuses it: {add}");
+        let del = p.data_dir("dataDir", &nested, Kind::IpamFileStore, None, false, soon()).unwrap().unwrap();
+        assert!(!del.is_tenant(), "never marked, never removed");
+        assert_eq!(del.dir().shown(), nested);
+        drop(del);
+        assert!(nested.exists() && !nested.join(MARK).exists());
+        assert!(
+            p.data_dir("dataDir", &root.path().join("team-a/gone"), Kind::IpamFileStore, None, false, soon())
+                .unwrap()
+                .is_none()
+        );
+        // Not what a store makes (a domain without its lock, any other file): refused, as before.
+        std::fs::remove_file(nested.join("default/lock")).unwrap();
+        assert!(p.data_dir("dataDir", &nested, Kind::IpamFileStore, None, false, soon()).is_err());
+        // Inside a marked tenant store's tree: refused.
+        let tenant = root.path().join("team-b");
+        let d = p.data_dir("dataDir", &tenant, Kind::IpamFileStore, Some("team-b"), true, soon()).unwrap().unwrap();
+        std::fs::create_dir_all(tenant.join("default/attachments")).unwrap();
+        std::fs::write(tenant.join("default/lock"), b"").unwrap();
+        let inside = tenant.join("default/attachments");
+        assert!(p.data_dir("dataDir", &inside, Kind::HostDeviceState, None, false, soon()).is_err());
+        drop(d);
+        // Through a symlink: refused.
+        std::os::unix::fs::symlink(&tenant, root.path().join("link")).unwrap();
+        assert!(
+            p.data_dir("dataDir", &root.path().join("link/default"), Kind::IpamFileStore, None, false, soon()).is_err()
+        );
     }
 
     /// plexus-daemon runs requests on many threads: the first requests of a new tenant directory,

@@ -149,8 +149,12 @@ impl Plugin for Ipam {
             tracing::debug!("no store yet: nothing to release");
             return Ok(());
         };
-        let released = store.release(&req.env.container_id, &req.env.ifname)?;
-        tracing::debug!(?released, "released");
+        match store.release(&req.env.container_id, &req.env.ifname) {
+            Ok(released) => tracing::debug!(?released, "released"),
+            // Nothing can be held where a store refuses to look (no object of such a name exists).
+            Err(IpamError::Refused(why)) => tracing::warn!("nothing released: {why}"),
+            Err(e) => return Err(e.into()),
+        }
         Ok(())
     }
 

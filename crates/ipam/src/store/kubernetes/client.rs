@@ -112,7 +112,8 @@ impl KubernetesStore {
     }
 
     /// The path of whereabouts' `resource` in the store's namespace, or of its object `name` (a
-    /// name that is not one — from a tenant's `network_name` — is code 7 before any request).
+    /// name that is not one — from a tenant's `network_name` — is refused before any request: no
+    /// such object can exist, so nothing is held under it and DEL has nothing to release).
     fn path(&self, resource: &'static str, name: Option<&str>) -> Result<ApiPath, IpamError> {
         let kind = match resource {
             "ippools" => "IPPool",
@@ -123,7 +124,7 @@ impl KubernetesStore {
             Some(n) => ApiPath::object(GROUP_PATH, &self.namespace, resource, kind, n),
             None => ApiPath::collection(GROUP_PATH, &self.namespace, resource),
         };
-        path.map_err(|e| IpamError::Config(e.to_string()))
+        path.map_err(|e| IpamError::Refused(e.to_string()))
     }
 
     /// Take one address of `range` for `req.owner` (or keep the one it holds).
