@@ -406,6 +406,22 @@ fn a_shared_port_gives_pods_macvlans_through_a_kubelet_restart_and_a_plugin_kill
     assert_eq!(p4["status"]["devices"][0]["conditions"][0]["status"], "True", "{p4}");
     assert_eq!(c.pod_addrs("default", "p4").len(), 1, "{:?}", c.pod_addrs("default", "p4"));
 
+    // plexus's pod replaced, as a rollout replaces it: it is Ready only once the kubelet has
+    // registered its DRA plugin and its slice is published, so a claim's pod made the moment it
+    // is Ready is prepared at once — never told the driver is not registered, never waiting for
+    // the kubelet's retry.
+    let (ok, out) = c.kubectl(
+        &["-n", "kube-system", "delete", "pod", "-l", "app.kubernetes.io/name=plexus", "--wait=true", "--timeout=60s"],
+        None,
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = c.kubectl(&["-n", "kube-system", "rollout", "status", "daemonset/plexus", "--timeout=120s"], None);
+    assert!(ok, "{out}");
+    c.apply(&rig.pod("p5", "shared"));
+    c.wait_ready("default", "pod/p5", "120s");
+    let events = c.events("default", "p5");
+    assert!(!events.contains("not registered"), "a claim prepared before the plugin was registered: {events}");
+
     // Three exclusive ports on one PCIe root: no root has them; the pod stays Pending, saying why.
     c.apply(
         r#"apiVersion: resource.k8s.io/v1
@@ -457,7 +473,7 @@ spec:
     });
     assert!(!c.events("default", "too-big").contains("FailedCreatePodSandBox"), "no sandbox was tried");
 
-    c.delete("default", &["pod", "p1", "p2", "p4", "too-many", "no-verbs", "too-big"]);
+    c.delete("default", &["pod", "p1", "p2", "p4", "p5", "too-many", "no-verbs", "too-big"]);
     wait_until("addresses released", Duration::from_secs(60), || c.reservations() == 0);
     wait_until("CDI specs and prepared claims removed", Duration::from_secs(60), || {
         let count = |d: &str| std::fs::read_dir(state.join(d)).map(|e| e.count()).unwrap_or(0);

@@ -92,7 +92,8 @@ impl Ports for Scanned {
 }
 
 /// Start the publisher and the kubelet plugin on the current runtime; the plugin's sockets go
-/// when `stop` fires.
+/// when `stop` fires. `ready` is told when the kubelet registers the plugin and when the slices
+/// are published.
 pub fn start(
     args: &DraArgs,
     api: kube::Client,
@@ -100,6 +101,7 @@ pub fn start(
     node: &str,
     timeout: Duration,
     stop: tokio::sync::watch::Receiver<bool>,
+    ready: Arc<plexus_dra::ready::Readiness>,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
     let runtime = tokio::runtime::Handle::current();
     let sysfs = Sysfs::from_env();
@@ -114,7 +116,7 @@ pub fn start(
         Box::new(move || Box::pin(scan(sysfs.clone(), shared.clone())))
     };
     let every = Duration::from_secs_f64(args.dra_scan_interval.max(0.1));
-    tokio::spawn(plexus_dra::publish::run(watch, node.to_string(), scan, publishing, every));
+    tokio::spawn(plexus_dra::publish::run(watch, node.to_string(), scan, publishing, every, ready.clone()));
     let driver = Driver {
         node: node.to_string(),
         claims: Arc::new(Api(plexus_k8s::api::ApiClient::on_runtime(api, runtime.clone(), timeout))),
@@ -122,6 +124,7 @@ pub fn start(
         store: Store::new(&args.dra_claims_dir),
         cdi_dir: args.cdi_dir.clone(),
         dev_root: args.dev_root.clone(),
+        ready,
     };
     let sockets = Sockets::under(&args.kubelet_dir, plexus_dra::DRIVER);
     tracing::info!(registration = %sockets.registration(plexus_dra::DRIVER).display(), "DRA: kubelet plugin");

@@ -1,5 +1,6 @@
-//! `/healthz` (the daemon serves), `/readyz` (its caches are synced and it is not stopping) and
-//! `/metrics` (Prometheus text), on the admin's local address.
+//! `/healthz` (the daemon serves), `/readyz` (its caches are synced, it is not stopping and, with
+//! `--dra`, the kubelet can use the DRA driver: registered, slices published) and `/metrics`
+//! (Prometheus text), on the admin's local address.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,6 +18,8 @@ use crate::server::Daemon;
 pub struct Endpoints {
     pub daemon: Arc<Daemon>,
     pub caches: Option<Arc<Caches>>,
+    /// The DRA driver's readiness, with `--dra`.
+    pub dra: Option<Arc<plexus_dra::ready::Readiness>>,
 }
 
 impl Endpoints {
@@ -29,6 +32,8 @@ impl Endpoints {
                     (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".into())
                 } else if !synced {
                     (StatusCode::SERVICE_UNAVAILABLE, "watch caches not synced\n".into())
+                } else if let Some(Err(why)) = self.dra.as_ref().map(|d| d.check()) {
+                    (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"))
                 } else {
                     (StatusCode::OK, "ok\n".into())
                 }

@@ -141,6 +141,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let timeout = Duration::from_secs_f64(args.api_timeout.max(0.1));
     let (dra_stop, dra_stopped) = tokio::sync::watch::channel(false);
     let mut dra_plugin = None;
+    // Whether the kubelet can use the DRA driver yet (its readiness waits for it): with --dra only.
+    let dra_ready = args.dra.dra.then(|| Arc::new(plexus_dra::ready::Readiness::default()));
     let caches = match plexus_k8s::api::kube_config(args.kubeconfig.as_deref(), timeout).await? {
         Some(config) => {
             let node = args
@@ -153,8 +155,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let mut watch_config = config;
             watch_config.read_timeout = None;
             let watch = kube::Client::try_from(watch_config).context("Kubernetes client")?;
-            if args.dra.dra {
-                dra_plugin = Some(dra::start(&args.dra, api.clone(), watch.clone(), &node, timeout, dra_stopped));
+            if let Some(ready) = &dra_ready {
+                dra_plugin =
+                    Some(dra::start(&args.dra, api.clone(), watch.clone(), &node, timeout, dra_stopped, ready.clone()));
             }
             let api = plexus_k8s::api::ApiClient::on_runtime(api, tokio::runtime::Handle::current(), timeout);
             let caches = cluster::Caches::start(watch, api, &node, metrics.clone(), &args.status_journal)?;
@@ -204,7 +207,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.max_concurrent.max(1),
         args.max_queued,
     ));
-    http::serve(args.metrics_address, http::Endpoints { daemon: daemon.clone(), caches }).await?;
+    http::serve(args.metrics_address, http::Endpoints { daemon: daemon.clone(), caches, dra: dra_ready }).await?;
     let listener = server::bind(&args.socket).with_context(|| format!("socket {}", args.socket.display()))?;
     tracing::info!(socket = %args.socket.display(), "serving");
     let stop = async {

@@ -35,6 +35,8 @@ pub struct Driver {
     pub cdi_dir: PathBuf,
     /// The host's `/dev` (its `infiniband/` nodes).
     pub dev_root: PathBuf,
+    /// Told when the kubelet registers the plugin (plexus-daemon's readiness waits for it).
+    pub ready: Arc<crate::ready::Readiness>,
 }
 
 fn answer(p: &Prepared) -> Vec<kubelet::Device> {
@@ -86,6 +88,15 @@ impl Driver {
 }
 
 impl kubelet::Driver for Driver {
+    fn registered(&self, status: &kubelet::RegistrationStatus) {
+        if status.plugin_registered {
+            tracing::info!("registered with the kubelet");
+        } else {
+            tracing::error!("the kubelet refused the registration: {}", status.error);
+        }
+        self.ready.set_registered(status.plugin_registered);
+    }
+
     fn prepare(&self, claim: &Claim) -> std::result::Result<Vec<kubelet::Device>, String> {
         if let Some(kept) = self.store.load(&claim.uid).map_err(|e| e.to_string())? {
             return Ok(answer(&kept));

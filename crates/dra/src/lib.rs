@@ -3,7 +3,8 @@
 //! - [`nics`]: which of the node's netdevs are offered (RoCE ports: an RDMA device, not the
 //!   uplink, not a bridge port, allowed by the node policy), exclusive or shared;
 //! - [`kubelet`]: the kubelet plugin: registration and the DRA gRPC service on unix sockets;
-//! - [`slice`]: the node's ResourceSlice of those ports, with the standard `pcieRoot` attribute.
+//! - [`slice`]: the node's ResourceSlice of those ports, with the standard `pcieRoot` attribute;
+//! - [`ready`]: whether the kubelet can use the driver yet (registered, slices published).
 
 pub mod cdi;
 pub mod claims;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod kubelet;
 pub mod nics;
 pub mod publish;
+pub mod ready;
 pub mod slice;
 
 /// The driver's name: the `driver` of its ResourceSlices, DeviceClasses' selectors and claims'

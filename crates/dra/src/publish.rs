@@ -24,7 +24,14 @@ pub type Scan = dyn Fn() -> futures::future::BoxFuture<'static, (Vec<Nic>, Vec<S
 
 /// Publish `node`'s ports until the task is dropped. Errors of the API are logged and retried at
 /// the next tick.
-pub async fn run(client: kube::Client, node: String, scan: Box<Scan>, publishing: Publishing, every: Duration) {
+pub async fn run(
+    client: kube::Client,
+    node: String,
+    scan: Box<Scan>,
+    publishing: Publishing,
+    every: Duration,
+    ready: std::sync::Arc<crate::ready::Readiness>,
+) {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
     let mut events =
@@ -74,7 +81,10 @@ pub async fn run(client: kube::Client, node: String, scan: Box<Scan>, publishing
         }
         let nics = offered.as_deref().unwrap_or_default();
         match reconcile(&slices, node_ref.as_ref().expect("read above"), nics, &publishing, &mut written).await {
-            Ok(()) => in_api_checked = true,
+            Ok(()) => {
+                in_api_checked = true;
+                ready.set_published();
+            }
             Err(e) => tracing::warn!("DRA: the ResourceSlices of node {node}: {e}"),
         }
     }

@@ -72,6 +72,7 @@ fn rig() -> Rig {
         store: Store::new(dir.path().join("claims")),
         cdi_dir: dir.path().join("cdi"),
         dev_root: dir.path().join("dev"),
+        ready: Default::default(),
     };
     Rig { dir, driver, api }
 }
