@@ -473,7 +473,23 @@ spec:
     });
     assert!(!c.events("default", "too-big").contains("FailedCreatePodSandBox"), "no sandbox was tried");
 
-    c.delete("default", &["pod", "p1", "p2", "p4", "p5", "too-many", "no-verbs", "too-big"]);
+    // A claim the node policy refuses at ADD (its IPAM's dataDir outside the data roots): the
+    // sandbox fails with the refusal, and the runtime's DEL of that sandbox succeeds — there is
+    // nothing of the attachment to release, and the pod is told nothing failed to be deleted.
+    c.apply(
+        &one_port(&rig, "refused", "roce-shared.plexus.dev", None, "198.18.64.0/24")
+            .replace(&format!("dataDir: \"{}/ipam\"", c.data().display()), "dataDir: \"/etc/plexus-test-forbidden\""),
+    );
+    c.apply(&rig.pod("refused", "refused"));
+    wait_until("the refusal in the pod's events", Duration::from_secs(90), || {
+        c.events("default", "refused").contains("is not beneath the node policy's dataRoots")
+    });
+    // The kubelet's DEL of the failed sandbox comes right after its ADD: a moment for it.
+    std::thread::sleep(Duration::from_secs(5));
+    let events = c.events("default", "refused");
+    assert!(!events.contains("DEL failed"), "the DEL of an attachment that never was failed: {events}");
+
+    c.delete("default", &["pod", "p1", "p2", "p4", "p5", "too-many", "no-verbs", "too-big", "refused"]);
     wait_until("addresses released", Duration::from_secs(60), || c.reservations() == 0);
     wait_until("CDI specs and prepared claims removed", Duration::from_secs(60), || {
         let count = |d: &str| std::fs::read_dir(state.join(d)).map(|e| e.count()).unwrap_or(0);
