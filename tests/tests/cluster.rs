@@ -1083,7 +1083,8 @@ fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_dow
     let seen =
         || sample(&c.daemon_metrics(), "watch_events_total{kind=\"network-attachment-definition\",event=\"apply\"}");
     let updates = seen();
-    c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.251.0/24"));
+    // (Not 198.19.251.0/24, the node's pod CIDR: its bridge holds .1, which no pod gets.)
+    c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.19.249.0/24"));
     let applied = Instant::now();
     while seen() <= updates {
         assert!(applied.elapsed() < Duration::from_secs(1), "the daemon saw no NAD update within 1 s");
@@ -1092,7 +1093,7 @@ fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_dow
     eprintln!("the daemon saw the NAD update {:?} after kubectl apply returned", applied.elapsed());
     c.apply(&c.pod("default", "next", "rail0"));
     c.wait_ready("default", "pod/next", "120s");
-    assert_eq!(c.pod_addrs("default", "next"), BTreeSet::from(["net1 198.19.251.1/24".to_string()]));
+    assert_eq!(c.pod_addrs("default", "next"), BTreeSet::from(["net1 198.19.249.1/24".to_string()]));
     // The API server down: a sandbox that dies is set up again by the kubelet, the daemon serving
     // the pod and its NAD from its caches (thin mode would fail the ADD), network-status
     // retried until the API is back.
@@ -1111,7 +1112,7 @@ fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_dow
     // the daemon's background retry, or at once if the PATCH went through).
     wait_until("network-status of the recreated sandbox", Duration::from_secs(90), || {
         let s = c.network_status("default", "next");
-        s.len() == 2 && s[1]["ips"][0].as_str().is_some_and(|ip| ip.starts_with("198.19.251."))
+        s.len() == 2 && s[1]["ips"][0].as_str().is_some_and(|ip| ip.starts_with("198.19.249."))
     });
     // The new sandbox's address, from the updated NAD's range (which one depends on whether the
     // old sandbox's DEL had released its address yet).
@@ -1120,7 +1121,7 @@ fn the_daemon_serves_a_recreated_sandbox_from_its_caches_with_the_api_server_dow
     wait_until("the recreated sandbox's container running", Duration::from_secs(90), || {
         c.try_pod_addrs("default", "next").map(|a| again = a).is_ok()
     });
-    assert!(again.len() == 1 && again.iter().all(|a| a.starts_with("net1 198.19.251.")), "{again:?}");
+    assert!(again.len() == 1 && again.iter().all(|a| a.starts_with("net1 198.19.249.")), "{again:?}");
     c.delete("default", &["pod", "steady", "next"]);
     wait_until("every address released", Duration::from_secs(60), || c.reservations() == 0);
     c.wait_no_state_or_cache();

@@ -270,12 +270,17 @@ fn a_pods_slow_delegate_beside_its_exclusive_port_does_not_hold_another_pods_dev
             // Should an assertion fail, the gate opens and the first pod's ADD ends.
             let _opens = OpenOnDrop(gate.join("open"));
             let pod1 = s.spawn(|| n.plexus_for_pod("ADD", &first));
-            // Its port's ADD is done (its result recorded) and its slow delegate waits at the gate.
+            // Its port's ADD is done (its result recorded), its slow delegate waits at the gate,
+            // and the node's turn comes free (it was held until the slow delegate ended).
             wait_for(&gate.join("entered-pod1"));
             let cache = n.path("cache/pod1");
             let recorded = format!("\"attachment\":{port}");
             wait_until(&format!("{how}: {recorded} in the cache"), || {
                 std::fs::read_to_string(&cache).is_ok_and(|c| c.contains(&recorded))
+            });
+            wait_until(&format!("{how}: the turn free while the slow delegate runs"), || {
+                let dir = std::fs::File::open(n.path("cache")).unwrap();
+                nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
             });
             let out = n.plexus_with("ADD", &second, as_other);
             assert!(out.success(), "{how}: {}", out.stdout);

@@ -268,13 +268,21 @@ fn the_device_move_turn_is_held_for_a_pods_moves_only_not_for_a_slow_delegate_be
             let mut undo = Undo::new();
             attach_all(&mut state, true, &Pod::default(), &env(), &cache_path, &mut undo, &gated).map(|r| r.len())
         });
-        // The pod's port has moved and its slow delegate still runs: the node's turn is free for
-        // another pod's moves (it was held for the whole group).
+        // The pod's port has moved and its slow delegate still runs: the node's turn comes free
+        // for another pod's moves (it was held for the whole group, until the slow one ended).
         gated.wait_for(|started, ended| started.iter().any(|n| n == "slow") && ended.iter().any(|n| n == "port0"));
-        let turn = std::fs::File::open(dir.path()).unwrap();
-        let free = nix::fcntl::Flock::lock(turn, nix::fcntl::FlockArg::LockExclusiveNonblock);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let free = loop {
+            let turn = std::fs::File::open(dir.path()).unwrap();
+            match nix::fcntl::Flock::lock(turn, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(taken) => break Some(taken),
+                Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) => break None,
+            }
+        };
+        let still_slow = !gated.ended.lock().unwrap().iter().any(|n| n == "slow");
         gated.release();
-        assert!(free.is_ok(), "the turn was still held while only the slow delegate ran");
+        assert!(free.is_some() && still_slow, "the turn was still held while only the slow delegate ran");
         drop(free);
         assert_eq!(pod.join().unwrap().unwrap(), 2, "both attached, results in order");
     });
