@@ -177,6 +177,23 @@ fn both_releases_allocating_from_one_pool_at_once_never_hold_an_address_twice() 
         }
         let held = if store == "file" { s.n.held() } else { etcd.keys("/plexus-test/default/ips/").len() };
         assert_eq!(held, 0, "{store}: everything released");
+        // Both churning at once, as during a rolling change of binaries: a store's domain (and a
+        // tenant's directory) goes when its last attachment does and comes back with the next,
+        // under the other release's feet; no ADD or DEL of either may fail on it.
+        std::thread::scope(|sc| {
+            for dir in ["bin-previous", "bin-this"] {
+                let run = &run;
+                sc.spawn(move || {
+                    for i in 0..30 {
+                        let cid = format!("churn-{dir}-{i}");
+                        let out = run(dir, "ADD", &cid);
+                        assert!(out.success(), "{store} {dir} ADD {i} beside the other release: {}", out.stdout);
+                        let out = run(dir, "DEL", &cid);
+                        assert!(out.success(), "{store} {dir} DEL {i} beside the other release: {}", out.stdout);
+                    }
+                });
+            }
+        });
     }
 }
 
