@@ -155,8 +155,13 @@ impl ErrorList {
     pub fn into_result(self, mixed: u32, summary: impl Into<String>) -> Result<(), Error> {
         let Some((_, first)) = self.0.first() else { return Ok(()) };
         let code = if self.0.iter().all(|(_, e)| e.code == first.code) { first.code } else { mixed };
-        let details: Vec<String> = self.0.iter().map(|(what, e)| format!("{what}: code {}: {e}", e.code)).collect();
-        Err(Error::new(code, summary).with_details(details.join("; ")))
+        Err(Error::new(code, summary).with_details(self.describe()))
+    }
+
+    /// Each failure — what failed, its code, its message — in order, `; ` between them.
+    pub fn describe(&self) -> String {
+        let each: Vec<String> = self.0.iter().map(|(what, e)| format!("{what}: code {}: {e}", e.code)).collect();
+        each.join("; ")
     }
 }
 

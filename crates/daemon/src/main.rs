@@ -197,7 +197,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let mut observers: Vec<Arc<dyn plexus::Observer>> = vec![Arc::new(metrics::Delegates::new(metrics.clone()))];
+    let mut observers: Vec<Arc<dyn plexus::Observer>> = vec![Arc::new(metrics::DelegateMetrics::new(metrics.clone()))];
     observers.extend(spans.clone().map(|s| s as Arc<dyn plexus::Observer>));
     let daemon = Arc::new(server::Daemon::new(
         plexus::Meta::with_view(view).observed_by(observers),

@@ -162,14 +162,14 @@ pub const OTHER_NETWORKS: &str = "(other)";
 /// The observer the meta-plugin tells of every delegate call. Its labels are bounded: delegate
 /// types only as installed plugins (the meta-plugin says `(not installed)` for the rest),
 /// networks up to [`MAX_NETWORK_LABELS`].
-pub struct Delegates {
+pub struct DelegateMetrics {
     metrics: std::sync::Arc<Metrics>,
     networks: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
-impl Delegates {
-    pub fn new(metrics: std::sync::Arc<Metrics>) -> Delegates {
-        Delegates { metrics, networks: Default::default() }
+impl DelegateMetrics {
+    pub fn new(metrics: std::sync::Arc<Metrics>) -> DelegateMetrics {
+        DelegateMetrics { metrics, networks: Default::default() }
     }
 
     /// `network` as a label: itself while there is room (or it has one already), else
@@ -183,7 +183,7 @@ impl Delegates {
     }
 }
 
-impl plexus::Observer for Delegates {
+impl plexus::Observer for DelegateMetrics {
     /// The call's latency (its errors are counted by code once, for the request).
     fn delegate(&self, call: &plexus::DelegateCall<'_>) {
         let labels = vec![

@@ -100,21 +100,21 @@ mod tests {
 
     /// A `/dev` with `uverbs0` (231:192) and `rdma_cm` (10:58) made with mknod. Needs root: without
     /// it the test fails (it never passes without having run).
-    fn dev_root() -> Option<tempfile::TempDir> {
+    fn dev_root() -> tempfile::TempDir {
         assert!(nix::unistd::geteuid().is_root(), "this test needs root (mknod)");
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("infiniband")).unwrap();
         let mode = Mode::from_bits_truncate(0o600);
         mknod(&dir.path().join("infiniband/uverbs0"), SFlag::S_IFCHR, mode, makedev(231, 192)).unwrap();
         mknod(&dir.path().join("infiniband/rdma_cm"), SFlag::S_IFCHR, mode, makedev(10, 58)).unwrap();
-        Some(dir)
+        dir
     }
 
     const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 
     #[test]
     fn a_claims_spec_names_each_devices_uverbs_and_rdma_cm_with_their_numbers() {
-        let Some(dev) = dev_root() else { return };
+        let dev = dev_root();
         let spec = spec(UID, &[("rail0".into(), vec!["uverbs0".into()])], dev.path()).unwrap();
         assert_eq!(spec["cdiVersion"], "0.5.0");
         assert_eq!(spec["kind"], "plexus.dev/rdma");
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_missing_or_fake_device_node_and_a_uid_that_is_no_uid_are_refused() {
-        let Some(dev) = dev_root() else { return };
+        let dev = dev_root();
         let e = spec(UID, &[("rail1".into(), vec!["uverbs7".into()])], dev.path()).unwrap_err().to_string();
         assert!(e.contains("uverbs7"), "{e}");
         std::fs::write(dev.path().join("infiniband/uverbs8"), b"").unwrap();

@@ -5,7 +5,7 @@
 
 use std::fmt::Display;
 
-use plexus_cni::Error;
+use plexus_cni::{Error, ErrorList};
 
 /// The completed steps of one ADD, to undo if it fails. `S` names a step and what undoing it
 /// needs; its `Display` names it in the report.
@@ -56,15 +56,15 @@ impl<S: Display> Undo<S> {
     }
 }
 
-/// The undos that failed.
+/// The undos that failed, each with its code (as DEL's failures are kept: [`ErrorList`]).
 #[derive(Default)]
-struct Report(Vec<String>);
+struct Report(ErrorList);
 
 impl Report {
     fn note(&mut self, what: &str, outcome: Result<(), Error>) {
         if let Err(e) = outcome {
             tracing::error!("rollback: {what}: {e}");
-            self.0.push(format!("{what}: {e}"));
+            self.0.push(what, e);
         }
     }
 
@@ -72,7 +72,7 @@ impl Report {
         if self.0.is_empty() {
             return err;
         }
-        let rollback = format!("rollback failed: {}", self.0.join("; "));
+        let rollback = format!("rollback failed: {}", self.0.describe());
         let details = if err.details.is_empty() { rollback } else { format!("{}; {rollback}", err.details) };
         err.with_details(details)
     }
@@ -111,7 +111,7 @@ mod tests {
         });
         assert_eq!(order, vec![Step::C, Step::B, Step::A], "every undo ran, last first");
         assert_eq!((err.code, err.msg.as_str()), (plexus_cni::code::KERNEL, "add route"));
-        assert_eq!(err.details, "EEXIST; rollback failed: step C: gone wrong; step A: gone wrong");
+        assert_eq!(err.details, "EEXIST; rollback failed: step C: code 999: gone wrong; step A: code 999: gone wrong");
     }
 
     #[test]
