@@ -151,3 +151,96 @@ fn readmes_layout_names_every_workspace_member_and_top_level_directory() {
     let left_out: Vec<&String> = wanted.iter().filter(|w| !named.contains(&w.as_str())).collect();
     assert!(left_out.is_empty(), "README.md's Layout leaves out {left_out:?}");
 }
+
+/// The workspace's members (`Cargo.toml`'s `members`), as directories.
+fn members(root: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let line = text.lines().find(|l| l.starts_with("members")).expect("members in Cargo.toml");
+    line.split('"').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// A member's package name and the plexus crates its `[dependencies]` name (not dev or build).
+fn package_and_deps(root: &Path, member: &str) -> (String, std::collections::BTreeSet<String>) {
+    let text = std::fs::read_to_string(root.join(member).join("Cargo.toml")).unwrap();
+    let name = text.lines().find_map(|l| l.strip_prefix("name = ")).unwrap().trim_matches('"').to_string();
+    let mut section = "";
+    let mut deps = std::collections::BTreeSet::new();
+    for l in text.lines() {
+        if l.starts_with('[') {
+            section = l.trim();
+        } else if section == "[dependencies]" && l.starts_with("plexus") {
+            deps.insert(l.split(['.', ' ', '=']).next().unwrap().to_string());
+        }
+    }
+    (name, deps)
+}
+
+/// The backquoted words of a Markdown table cell.
+fn quoted(cell: &str) -> Vec<String> {
+    cell.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+#[test]
+fn the_crate_table_names_each_crates_plexus_dependencies_as_its_cargo_toml_has_them() {
+    let root = repo();
+    let text = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    let header = "| directory | package (lib name) | owns | plexus dependencies |";
+    let rows: Vec<&str> =
+        text.lines().skip_while(|l| l.trim() != header).skip(2).take_while(|l| l.starts_with('|')).collect();
+    let cargo: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        members(&root).iter().map(|m| package_and_deps(&root, m)).collect();
+    assert!(cargo.len() > 10, "the workspace's members were not read");
+    let mut seen = Vec::new();
+    for row in rows {
+        let cells: Vec<&str> = row.split('|').collect();
+        let package = quoted(cells[2]).into_iter().next().expect("a package name");
+        let named: std::collections::BTreeSet<String> =
+            quoted(cells[4]).into_iter().filter(|d| cargo.contains_key(d)).collect();
+        let has = cargo.get(&package).unwrap_or_else(|| panic!("{package}: in the table, not in the workspace"));
+        assert_eq!(&named, has, "docs/ARCHITECTURE.md's row of {package}: its plexus dependencies");
+        seen.push(package);
+    }
+    let left_out: Vec<&String> = cargo.keys().filter(|p| !seen.contains(p)).collect();
+    assert!(left_out.is_empty(), "not in docs/ARCHITECTURE.md's crate table: {left_out:?}");
+}
+
+#[test]
+fn architecture_names_every_module_of_every_crate_and_every_library_error_type() {
+    let root = repo();
+    let text = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    let named = |word: &str| text.contains(&format!("`{word}`")) || text.contains(&format!("/{word}`"));
+    let mut left_out = Vec::new();
+    for member in members(&root).iter().filter(|m| m.starts_with("crates/") || m.starts_with("plugins/")) {
+        for file in rust_files(&root.join(member).join("src")) {
+            if !["lib.rs", "main.rs", "tests.rs"].contains(&file.as_str()) && !named(&file) {
+                left_out.push(format!("{member}/src/{file}"));
+            }
+            let source = std::fs::read_to_string(root.join(member).join("src").join(&file)).unwrap();
+            let mut derives_error = false;
+            for l in source.lines() {
+                if l.starts_with("#[derive(") {
+                    derives_error = l.contains("thiserror::Error");
+                } else if let Some(rest) = l.strip_prefix("pub enum ").filter(|_| derives_error) {
+                    let name = rest.split([' ', '<', '{']).next().unwrap();
+                    if !named(name) {
+                        left_out.push(format!("the error type {name} ({member}/src/{file})"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(left_out.is_empty(), "docs/ARCHITECTURE.md does not name: {left_out:#?}");
+}
+
+#[test]
+fn readme_states_no_count_of_tests_that_a_new_test_would_make_wrong() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let counts: Vec<&str> = readme
+        .split([',', '.', '(', ')'])
+        .filter(|s| {
+            let words: Vec<&str> = s.split_whitespace().collect();
+            words.windows(2).any(|w| w[0].chars().all(|c| c.is_ascii_digit()) && w[1] == "tests")
+        })
+        .collect();
+    assert!(counts.is_empty(), "README.md counts tests: {counts:?}");
+}

@@ -60,11 +60,6 @@ pub struct IfaceKeys {
 }
 
 impl IfaceKeys {
-    /// The keys, from the plugin's whole network config (the plugin's own keys are ignored here).
-    pub fn load(req: &plexus_plugin::Request) -> std::result::Result<IfaceKeys, plexus_cni::Error> {
-        req.config_as()
-    }
-
     /// The MTU the config asks for (0 is "not set", as in the reference plugins).
     pub fn mtu(&self) -> Option<u32> {
         self.mtu.filter(|m| *m != 0)
@@ -97,25 +92,25 @@ pub fn naming_error(e: NetError, ifname: &str, pod: &Netns, what: impl FnOnce() 
 }
 
 /// The middle every attaching plugin shares, once its link is in the pod under its final name:
-/// IPAM's result (its addresses on interface 0), applied to the link (addresses, up, routes,
-/// multi-rail rules), with the config's DNS. `is_up`: the link went up with its rename (L2 only).
+/// IPAM's `result` (its addresses on interface 0), applied to link `index` called `ifname` (addresses,
+/// up, routes, multi-rail rules), with the network's `dns`. `is_up`: the link went up with its
+/// rename (L2 only).
 pub async fn apply_ipam(
-    req: &plexus_plugin::Request,
-    ipam: &mut plexus_plugin::ipam::IpamStep,
     sock: &impl Kernel,
     keys: &IfaceKeys,
+    ifname: &str,
     index: u32,
     is_up: bool,
+    mut result: CniResult,
+    dns: Option<&plexus_cni::Dns>,
 ) -> std::result::Result<CniResult, plexus_cni::Error> {
-    let ifname = req.env.ifname.as_str();
-    let mut result = ipam.result(req)?;
     for ip in &mut result.ips {
         ip.interface = Some(0);
     }
     let setup =
         IfaceSetup { ifname, index, result: &result, dad: keys.dad, multi_rail_table: keys.rail_table(ifname), is_up };
     configure(sock, &setup).await.map_err(|e| plexus_cni::Error::from(e).context(format!("configure {ifname}")))?;
-    if let Some(dns) = req.config.dns.as_ref().filter(|d| !d.is_empty()) {
+    if let Some(dns) = dns.filter(|d| !d.is_empty()) {
         result.dns = dns.clone();
     }
     Ok(result)

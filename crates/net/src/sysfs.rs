@@ -220,42 +220,6 @@ pub fn device_info_pci(hw: &NetdevHardware) -> Option<Value> {
     Some(json!({"type": "pci", "version": DEVICE_INFO_VERSION, "pci": inner}))
 }
 
-/// `runtimeConfig.CNIDeviceInfoFile` of a request: only a file directly in the node policy's
-/// device-info directory (`/var/run/k8s.cni.cncf.io/devinfo/cni/`, also spelled through `/run`).
-/// A NAD can carry its own `runtimeConfig`, so anything else would let a tenant choose a file
-/// root overwrites (ADD) or deletes (rollback, DEL).
-pub fn device_info_file(req: &plexus_plugin::Request) -> Result<Option<PathBuf>, Error> {
-    match req.config.runtime("CNIDeviceInfoFile").and_then(|v| v.as_str()) {
-        Some(p) if !p.is_empty() => {
-            let path = Path::new(p);
-            if req.policy.device_info_file_allowed(path) {
-                return Ok(Some(path.to_path_buf()));
-            }
-            Err(Error::invalid_config(format!("runtimeConfig.CNIDeviceInfoFile {p:?} is refused")).with_details(
-                format!(
-                    "only a file directly in the device-info directory {} (policy: {})",
-                    req.policy.device_info_dir.display(),
-                    req.policy.source
-                ),
-            ))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// DEL: remove the request's device-info file, if it names one and it is there. A path the
-/// policy refuses is left alone (logged): DEL still succeeds.
-pub fn remove_device_info(req: &plexus_plugin::Request) -> Result<(), Error> {
-    match device_info_file(req) {
-        Ok(Some(path)) => files::remove_if_present(&path),
-        Ok(None) => Ok(()),
-        Err(e) => {
-            tracing::warn!("device-info file not removed: {e}");
-            Ok(())
-        }
-    }
-}
-
 /// Write a device-info document (atomically, 0600).
 pub fn write_device_info(path: &Path, doc: &Value) -> Result<(), Error> {
     files::write_private_atomic(path, &serde_json::to_vec_pretty(doc).expect("json"))

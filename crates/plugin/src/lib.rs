@@ -11,6 +11,7 @@
 pub mod builtin;
 pub mod chain;
 pub mod delegate;
+mod device_info;
 pub mod ipam;
 pub mod logging;
 mod plugin;

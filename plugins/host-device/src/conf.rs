@@ -70,7 +70,7 @@ pub enum Selected {
 impl HostDeviceConf {
     pub fn load(req: &Request) -> Result<HostDeviceConf, Error> {
         let mut conf: HostDeviceConf = req.config_as()?;
-        conf.iface = plexus_net::configure::IfaceKeys::load(req)?;
+        conf.iface = req.config_as()?;
         if let Some(name) = &conf.device {
             plexus_cni::env::validate_ifname(name)
                 .map_err(|e| Error::invalid_config(format!("invalid \"device\" {name:?}: {}", e.msg)))?;

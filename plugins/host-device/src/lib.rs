@@ -24,7 +24,7 @@ use conf::{HostDeviceConf, Selected};
 use plexus_cni::{CniResult, Command, Error, ErrorList, Interface, code};
 use plexus_net::check;
 use plexus_net::configure;
-use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
+use plexus_net::sysfs::{Sysfs, device_info_pci, write_device_info};
 use plexus_net::{Kernel, Link, LinkChange, LinkSocket, Netns, roce};
 use plexus_node::datadir::DataDir;
 use plexus_node::files;
@@ -81,7 +81,7 @@ impl Plugin for HostDevice {
 
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let conf = HostDeviceConf::load(req)?;
-        let info_file = device_info_file(req)?;
+        let info_file = req.device_info_file()?;
         let wait = roce::configured_wait(conf.roce_gid_wait_ms)?;
         let sysfs = Sysfs::from_env();
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
@@ -117,7 +117,7 @@ impl Plugin for HostDevice {
         // A later plexus's state: refused before anything is undone, the device left as it is.
         let host = state_path.as_deref().map(state::load).transpose()?.flatten();
         del_with_ipam(req, || {
-            remove_device_info(req)?;
+            req.remove_device_info()?;
             restore(req.netns(), &req.env.container_id, &req.env.ifname, host.as_ref())?;
             state_path.map_or(Ok(()), |p| files::remove_if_present(&p))?;
             // A tenant's state directory goes with its last state file.
@@ -342,8 +342,16 @@ impl<K: Kernel> Add<'_, K> {
                 undo.push(Step::Rdma(r.clone()));
             }
         }
-        let mut result =
-            configure::apply_ipam(self.req, ipam, self.pod_sock, &self.conf.iface, moved.index, l2_only).await?;
+        let mut result = configure::apply_ipam(
+            self.pod_sock,
+            &self.conf.iface,
+            &self.req.env.ifname,
+            moved.index,
+            l2_only,
+            ipam.result(self.req)?,
+            self.req.config.dns.as_ref(),
+        )
+        .await?;
         // The state rewritten with what the attachment added, and the device-info file, are part
         // of the ADD: a failure of either (a full disk) undoes everything too.
         state::save(state_path, host)?;

@@ -34,7 +34,7 @@ pub struct MacvlanConf {
 impl MacvlanConf {
     pub fn load(req: &Request) -> Result<MacvlanConf, Error> {
         let mut conf: MacvlanConf = req.config_as()?;
-        conf.iface = IfaceKeys::load(req)?;
+        conf.iface = req.config_as()?;
         Ok(conf)
     }
 

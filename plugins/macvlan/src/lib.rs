@@ -23,7 +23,7 @@ use conf::MacvlanConf;
 use plexus_cni::{CniResult, Command, Error, Interface, code};
 use plexus_net::check::{self, failed};
 use plexus_net::configure;
-use plexus_net::sysfs::{Sysfs, device_info_file, device_info_pci, remove_device_info, write_device_info};
+use plexus_net::sysfs::{Sysfs, device_info_pci, write_device_info};
 use plexus_net::{Kernel, Link, LinkChange, LinkSocket, Netns, NewMacvlan, roce};
 use plexus_node::files;
 use plexus_node::policy::Allowed;
@@ -51,7 +51,7 @@ impl Plugin for Macvlan {
         // A bad or disallowed mode fails before anything is opened.
         conf.check_policy(req)?;
         let mac = conf.mac(req)?;
-        let device_info = device_info_file(req)?;
+        let device_info = req.device_info_file()?;
         let wait = roce::configured_wait(conf.roce_gid_wait_ms)?;
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
         // The pod's socket opens on a thread of its own while the master is looked up.
@@ -90,7 +90,7 @@ impl Plugin for Macvlan {
         let conf = MacvlanConf::load(req)?;
         // IPAM DEL always runs, even when the namespace is gone.
         del_with_ipam(req, || {
-            remove_device_info(req)?;
+            req.remove_device_info()?;
             match req.netns() {
                 Some(path) => delete_link(&conf, path, &req.env),
                 None => Ok(()),
@@ -251,8 +251,16 @@ impl<K: Kernel> Add<'_, K> {
         self.pod_sock.set_link(link.index, &rename).await.map_err(|e| {
             configure::naming_error(e, ifname, self.pod, || format!("rename {} to {ifname}", link.name))
         })?;
-        let mut result =
-            configure::apply_ipam(self.req, ipam, self.pod_sock, &self.conf.iface, link.index, l2_only).await?;
+        let mut result = configure::apply_ipam(
+            self.pod_sock,
+            &self.conf.iface,
+            &self.req.env.ifname,
+            link.index,
+            l2_only,
+            ipam.result(self.req)?,
+            self.req.config.dns.as_ref(),
+        )
+        .await?;
         tracing::debug!(ifname, master = %self.master.name, "attached");
         result.interfaces = vec![Interface {
             name: ifname.to_string(),
