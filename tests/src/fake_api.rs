@@ -261,6 +261,18 @@ impl FakeApi {
         self.state.lock().unwrap().faults.push(f);
     }
 
+    /// Answer every network-status PATCH of pod `pod` (any namespace) with 503 (overloaded,
+    /// restarting) until the faults are cleared.
+    pub fn refuse_status_patches(&self, pod: &str) {
+        self.fault(Fault {
+            method: "PATCH",
+            path_contains: format!("/pods/{pod}"),
+            status: Some(503),
+            delay: None,
+            times: usize::MAX,
+        });
+    }
+
     pub fn clear_faults(&self) {
         self.state.lock().unwrap().faults.clear();
     }

@@ -731,18 +731,6 @@ fn with_an_api_the_daemon_reads_the_pod_and_its_nads_from_its_caches_and_patches
     assert_eq!(n.journaled(), Vec::<String>::new(), "written statuses leave the journal");
 }
 
-/// The API server answers every network-status PATCH of pod default/trainer with 503
-/// (overloaded, restarting) until its faults are cleared.
-fn refuse_status_patches(api: &plexus_tests::fake_api::FakeApi) {
-    api.fault(plexus_tests::fake_api::Fault {
-        method: "PATCH",
-        path_contains: "/pods/trainer".into(),
-        status: Some(503),
-        delay: None,
-        times: usize::MAX,
-    });
-}
-
 /// The network-status PATCHes of pod default/trainer the API server was sent so far.
 fn status_patches(api: &plexus_tests::fake_api::FakeApi) -> usize {
     api.requests().iter().filter(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/trainer")).count()
@@ -755,7 +743,7 @@ fn a_network_status_a_killed_daemon_had_not_written_is_written_by_the_next_one()
     let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"];
     let mut d = n.daemon(&args);
     // The API server takes no network-status PATCH (503) while the first daemon runs.
-    refuse_status_patches(&api);
+    api.refuse_status_patches("trainer");
     let r = n.run_trainer("ADD", &c).result();
     assert_eq!(r["ips"][0]["address"], "198.18.34.1/24", "the attachment stands");
     assert_eq!(n.journaled(), ["default_trainer"], "journaled before the answer");
@@ -787,7 +775,7 @@ fn a_journaled_network_status_of_a_pod_since_recreated_under_its_name_is_given_u
     let (api, kubeconfig, c) = n.with_api("198.18.35.0/24");
     let args = ["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node-a", "--api-timeout", "0.5"];
     let mut d = n.daemon(&args);
-    refuse_status_patches(&api);
+    api.refuse_status_patches("trainer");
     assert!(n.run_trainer("ADD", &c).success());
     let entry: Value = serde_json::from_slice(&std::fs::read(n.journal().join("default_trainer")).unwrap()).unwrap();
     assert_eq!(entry["uid"], "uid-trainer", "the journal keeps the UID the runtime named");
@@ -827,7 +815,7 @@ fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can
     };
     let patches = || status_patches(&api);
     // The API server answers every network-status PATCH with 503 (overloaded, restarting).
-    refuse_status_patches(&api);
+    api.refuse_status_patches("trainer");
     let r = run("ADD").result();
     assert_eq!(r["ips"][0]["address"], "198.18.33.1/24", "the attachment stands without its status");
     assert_eq!(status_of(), None);

@@ -315,13 +315,7 @@ fn a_network_status_either_releases_daemon_journaled_is_written_by_the_others() 
         s.install(journals, &[]);
         let mut first = daemon(journals);
         // The API server takes no network-status PATCH while the first daemon runs.
-        api.fault(plexus_tests::fake_api::Fault {
-            method: "PATCH",
-            path_contains: "/pods/trainer".into(),
-            status: Some(503),
-            delay: None,
-            times: usize::MAX,
-        });
+        api.refuse_status_patches("trainer");
         s.ok(&how, trainer("ADD"));
         assert_eq!(std::fs::read_dir(&journal).unwrap().count(), 1, "{how}: journaled");
         first.kill();
