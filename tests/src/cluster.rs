@@ -112,16 +112,27 @@ impl Cluster {
     /// `scripts/cluster-install.sh`: plexus installed by `with` ("manifests" or "helm"), in
     /// daemon mode when `daemon_mode`, `meta_keys` added to its meta config.
     pub fn install(&self, meta_keys: &str, daemon_mode: bool, with: &str) {
-        self.install_release(meta_keys, daemon_mode, with, None);
+        self.install_release(meta_keys, daemon_mode, with, None, "");
     }
 
     /// [`Cluster::install`] with Helm of another release: its chart (`deploy/helm/plexus` of
     /// `release`, as `scripts/previous-release.sh` keeps it) and its image, imported first as
-    /// `localhost/plexus:<image_tag>` ([`Cluster::import_image`]).
-    pub fn install_release(&self, meta_keys: &str, daemon_mode: bool, with: &str, release: Option<(&Path, &str)>) {
+    /// `localhost/plexus:<image_tag>` ([`Cluster::import_image`]); `helm_args` added to `helm
+    /// install`.
+    pub fn install_release(
+        &self,
+        meta_keys: &str,
+        daemon_mode: bool,
+        with: &str,
+        release: Option<(&Path, &str)>,
+        helm_args: &str,
+    ) {
         let mut script = self.script("cluster-install.sh");
         if let Some((chart, tag)) = release {
             script.env("PLEXUS_CHART", chart).env("PLEXUS_IMAGE_TAG", tag);
+        }
+        if !helm_args.is_empty() {
+            script.env("PLEXUS_HELM_ARGS", helm_args);
         }
         let install = script
             .envs(&self.env)

@@ -20,7 +20,12 @@ fn upgrade(c: &Cluster, chart: &Path, set: &str) {
     let args = ["--kubeconfig", kubeconfig, "-n", "kube-system", "upgrade", "plexus", chart.to_str().unwrap()];
     let (ok, out) =
         c.peer("helm", &[&args[..], &["--reuse-values", "--set", set, "--wait", "--timeout", "180s"]].concat(), None);
-    assert!(ok, "helm upgrade --set {set}: {out}");
+    if !ok {
+        let pods = c.kubectl(&["-n", "kube-system", "describe", "pods", "-l", "app.kubernetes.io/name=plexus"], None).1;
+        let logs =
+            c.kubectl(&["-n", "kube-system", "logs", "-l", "app.kubernetes.io/name=plexus", "--tail=40"], None).1;
+        panic!("helm upgrade --set {set}: {out}\n{pods}\n{logs}");
+    }
     let (ok, out) = c.kubectl(&["-n", "kube-system", "rollout", "status", "daemonset/plexus", "--timeout=120s"], None);
     assert!(ok, "{out}");
 }
@@ -61,7 +66,12 @@ fn plexus_rolled_from_the_previous_release_to_this_one_and_back_and_between_mode
     let previous = previous_release();
     c.import_image("previous", &previous.join("bin"));
     let previous_chart = previous.join("deploy/helm/plexus");
-    c.install_release("", false, "helm", Some((&previous_chart, "previous")));
+    // The previous release is built unoptimised (scripts/previous-release.sh): its binaries are
+    // twice the shipped size, and 0.1.0's installer held a binary and its installed copy in memory
+    // at once (this one streams them), over the thin-mode pod's default 64 MiB. Both releases get
+    // room for that here; what is rolled is the releases' code, not their limits.
+    let resources = r#"--set-json resources={"requests":{"cpu":"10m","memory":"16Mi"},"limits":{"memory":"256Mi"}}"#;
+    c.install_release("", false, "helm", Some((&previous_chart, "previous")), resources);
     c.apply(&c.macvlan_nad("default", "rail0", "ens1f0np0", "198.18.237.0/24"));
     let failures_before = c.cni_failures();
     let started = Instant::now();

@@ -1,7 +1,7 @@
 //! The node's side: where plexus goes on the host, putting it there atomically, and removing it.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -76,14 +76,49 @@ pub fn ensure_dir(dir: &Path, mode: u32) -> Result<(), InstallError> {
 /// beside it (`O_EXCL|O_NOFOLLOW`, a leftover removed first), renamed over it, the directory
 /// synced. Returns false, writing nothing, when `dest` already holds exactly `bytes` with `mode`.
 pub fn place(bytes: &[u8], dest: &Path, mode: u32) -> Result<bool, InstallError> {
+    place_from(|| Ok(Box::new(bytes)), bytes.len() as u64, dest, mode)
+}
+
+/// [`place`] of the file `src`, streamed: neither it nor `dest` is ever held in memory whole
+/// (a binary is tens of MB, and the DaemonSet's pod in thin mode has a 64 MiB limit).
+pub fn place_file(src: &Path, dest: &Path, mode: u32) -> Result<bool, InstallError> {
+    let open = || File::open(src).map_err(InstallError::io("read", src));
+    let len = open()?.metadata().map_err(InstallError::io("read", src))?.len();
+    place_from(|| Ok(Box::new(open()?)), len, dest, mode)
+}
+
+/// Whether `a` and `b` hold the same bytes, read a chunk at a time.
+fn same_content(mut a: impl Read, mut b: impl Read) -> std::io::Result<bool> {
+    let (mut x, mut y) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    loop {
+        let n = a.read(&mut x)?;
+        if n == 0 {
+            return Ok(b.read(&mut y[..1])? == 0);
+        }
+        b.read_exact(&mut y[..n])?;
+        if x[..n] != y[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+/// [`place`] of the `len` bytes `open` reads (opened again for each pass: the comparison with
+/// `dest`, then the write).
+fn place_from<'a>(
+    open: impl Fn() -> Result<Box<dyn Read + 'a>, InstallError>,
+    len: u64,
+    dest: &Path,
+    mode: u32,
+) -> Result<bool, InstallError> {
     if let Ok(meta) = fs::symlink_metadata(dest)
         && meta.is_file()
         && meta.permissions().mode() & 0o7777 == mode
-        && meta.len() == bytes.len() as u64
-        && fs::read(dest).is_ok_and(|old| old == bytes)
+        && meta.len() == len
+        && File::open(dest).is_ok_and(|old| open().is_ok_and(|new| same_content(new, old).unwrap_or(false)))
     {
         return Ok(false);
     }
+    let mut content = open()?;
     let dir = dest.parent().ok_or_else(|| InstallError::Invalid(format!("{} has no directory", dest.display())))?;
     let name = dest.file_name().ok_or_else(|| InstallError::Invalid(format!("{} names no file", dest.display())))?;
     let tmp = dir.join(format!(".{}.plexus-new", name.to_string_lossy()));
@@ -100,7 +135,7 @@ pub fn place(bytes: &[u8], dest: &Path, mode: u32) -> Result<bool, InstallError>
         .and_then(|mut f| {
             // The mode is what was asked, whatever the umask.
             f.set_permissions(fs::Permissions::from_mode(mode))?;
-            f.write_all(bytes)?;
+            std::io::copy(&mut content, &mut f)?;
             f.sync_all()
         })
         .and_then(|_| fs::rename(&tmp, dest));
@@ -120,9 +155,7 @@ pub fn install_binaries(layout: &Layout, from: &Path, names: &[String]) -> Resul
     ensure_dir(&dir, 0o755)?;
     let mut changed = Vec::new();
     for name in names {
-        let src = from.join(name);
-        let bytes = fs::read(&src).map_err(InstallError::io("read", &src))?;
-        if place(&bytes, &dir.join(name), 0o755)? {
+        if place_file(&from.join(name), &dir.join(name), 0o755)? {
             changed.push(name.clone());
         }
     }
@@ -275,6 +308,23 @@ mod tests {
             .filter(|n| n.to_string_lossy().starts_with('.'))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn a_binary_larger_than_a_read_is_compared_and_copied_a_chunk_at_a_time() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("plexus-daemon");
+        let mut bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(&src, &bytes).unwrap();
+        let dest = t.path().join("on-node");
+        assert!(place_file(&src, &dest, 0o755).unwrap());
+        assert_eq!(fs::read(&dest).unwrap(), bytes);
+        assert!(!place_file(&src, &dest, 0o755).unwrap(), "the same bytes: not rewritten");
+        // One byte changed past the first chunk: rewritten.
+        bytes[2_000_000] ^= 1;
+        fs::write(&src, &bytes).unwrap();
+        assert!(place_file(&src, &dest, 0o755).unwrap());
+        assert_eq!(fs::read(&dest).unwrap(), bytes);
     }
 
     #[test]
