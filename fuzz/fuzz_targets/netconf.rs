@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use plexus_cni::{ConfList, NetConf};
 use plexus_node::Policy;
-use plexus_ipam::config::IpamConfig;
+use plexus_ipam_core::config::IpamConfig;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(conf) = NetConf::parse(data) {

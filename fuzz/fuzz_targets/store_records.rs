@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plexus_ipam::range::{IpRange, RangeSpec};
-use plexus_ipam::store::fuzzing::read_records;
+use plexus_ipam_core::range::{IpRange, RangeSpec};
+use plexus_ipam_core::store::fuzzing::read_records;
 
 fuzz_target!(|data: &[u8]| {
     for r in ["198.18.0.0/24", "198.18.0.0/32", "2001:db8::/64", "::/0", "0.0.0.0/0"] {

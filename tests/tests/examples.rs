@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use plexus_cni::{ConfList, NetConf};
-use plexus_ipam::IpamConfig;
+use plexus_ipam_core::IpamConfig;
 use plexus_k8s::nad::{DirSource, Nad, NadSource, is_conflist};
 use plexus_node::Policy;
 use plexus_tests::{Lab, PluginRun, REFERENCE_CNI_DIR, plugin_bin};

@@ -5,10 +5,10 @@
 use std::net::IpAddr;
 use std::path::Path;
 
-use plexus_ipam::range::RangeSpec;
-use plexus_ipam::store::file::FileStore;
-use plexus_ipam::store::{AllocRequest, Owner, Store};
-use plexus_ipam::{IpRange, IpamError};
+use plexus_ipam_core::range::RangeSpec;
+use plexus_ipam_core::store::file::FileStore;
+use plexus_ipam_core::store::{AllocRequest, Owner, Store};
+use plexus_ipam_core::{IpRange, IpamError};
 
 const V1: &[u8] = include_bytes!("formats/ipam-record-v1.json");
 /// What builds wrote before formats carried a version: read as version 1.

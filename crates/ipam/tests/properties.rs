@@ -5,10 +5,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use plexus_ipam::range::RangeSpec;
-use plexus_ipam::store::file::FileStore;
-use plexus_ipam::store::{AllocRequest, Candidates, Owner, Store};
-use plexus_ipam::{IpRange, IpamError};
+use plexus_ipam_core::range::RangeSpec;
+use plexus_ipam_core::store::file::FileStore;
+use plexus_ipam_core::store::{AllocRequest, Candidates, Owner, Store};
+use plexus_ipam_core::{IpRange, IpamError};
 use proptest::prelude::*;
 
 fn owner(i: usize) -> Owner {

@@ -8,8 +8,8 @@
 use std::net::IpAddr;
 
 use plexus_cni::NetConf;
-use plexus_ipam::store::{AllocRequest, Context, Owner};
-use plexus_ipam::{IpamConfig, IpamError};
+use plexus_ipam_core::store::{AllocRequest, Context, Owner};
+use plexus_ipam_core::{IpamConfig, IpamError};
 use plexus_node::Policy;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -37,7 +37,7 @@ fn first_free(ipam: Value, reserved: &[&str]) -> Result<String, String> {
     let policy = policy(dir.path());
     let cx =
         Context { policy: &policy, namespace: None, deadline: plexus_cni::Deadline::after(Duration::from_secs(30)) };
-    let store = plexus_ipam::store::open(&cfg, &cx).map_err(|e| e.to_string())?;
+    let store = plexus_ipam_core::store::open(&cfg, &cx).map_err(|e| e.to_string())?;
     let ask = |cid: &str, want: Option<IpAddr>| {
         let mut requested = vec![None; cfg.ranges.len()];
         requested[0] = want;
@@ -442,7 +442,7 @@ fn overlapping_ranges_share_addresses_only_when_overlap_is_disabled() {
                 namespace: None,
                 deadline: plexus_cni::Deadline::after(Duration::from_secs(30)),
             };
-            let store = plexus_ipam::store::open(&cfg, &cx).unwrap();
+            let store = plexus_ipam_core::store::open(&cfg, &cx).unwrap();
             let req = AllocRequest {
                 owner: owner(cid),
                 ranges: &cfg.ranges,

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use plexus_cni::NetConf;
-use plexus_ipam::{IpamConfig, Store};
+use plexus_ipam_core::{IpamConfig, Store};
 use serde_json::Value;
 
 /// The plexus-ipam section of network `list` (the first plugin that has one), with the node
@@ -27,8 +27,8 @@ fn ipam_config(list: &plexus_cni::ConfList) -> Result<(IpamConfig, plexus_node::
 /// The network's store as it is (nothing is made to look at it); `None` when there is none yet.
 fn store(cfg: &IpamConfig, policy: &plexus_node::Policy) -> Result<Option<Box<dyn Store>>> {
     let deadline = plexus_cni::Deadline::after(policy.limits.request_timeout());
-    let cx = plexus_ipam::store::Context { policy, namespace: None, deadline };
-    Ok(plexus_ipam::store::open_for_release(cfg, &cx)?)
+    let cx = plexus_ipam_core::store::Context { policy, namespace: None, deadline };
+    Ok(plexus_ipam_core::store::open_for_release(cfg, &cx)?)
 }
 
 pub fn list(list: &plexus_cni::ConfList, json: bool) -> Result<()> {

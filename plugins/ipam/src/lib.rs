@@ -8,9 +8,9 @@
 use std::net::IpAddr;
 
 use plexus_cni::{CniResult, Error, ErrorList, code};
-use plexus_ipam::error::Holder;
-use plexus_ipam::store::{Context, open as open_store, open_for_release as open_existing};
-use plexus_ipam::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
+use plexus_ipam_core::error::Holder;
+use plexus_ipam_core::store::{Context, open as open_store, open_for_release as open_existing};
+use plexus_ipam_core::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
 use plexus_plugin::{About, Plugin, Request};
 use serde_json::Value;
 
@@ -60,7 +60,7 @@ fn requested(req: &Request) -> Result<Vec<IpAddr>, Error> {
         let ip = s
             .split('/')
             .next()
-            .and_then(plexus_ipam::range::parse_addr)
+            .and_then(plexus_ipam_core::range::parse_addr)
             .ok_or_else(|| Error::invalid_config(format!("invalid {source} address {s:?}")))?;
         if !out.contains(&ip) {
             out.push(ip);
@@ -75,7 +75,7 @@ fn cni_gateways(req: &Request) -> Result<Vec<IpAddr>, Error> {
     list.split(',')
         .filter(|s| !s.is_empty())
         .map(|g| {
-            plexus_ipam::range::parse_addr(g)
+            plexus_ipam_core::range::parse_addr(g)
                 .ok_or_else(|| Error::invalid_config(format!("invalid CNI_ARGS GATEWAY {g:?}: not an IP address")))
         })
         .collect()
