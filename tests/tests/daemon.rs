@@ -858,3 +858,52 @@ fn a_network_status_the_api_cannot_take_is_written_in_the_background_once_it_can
     assert!(run("DEL").success());
     assert_eq!((n.pod_links(), n.held(), n.cached()), (vec!["lo".to_string()], 0, 0));
 }
+
+/// A fake sysfs in which nic0 is PCI function `pci` with RDMA device `rdma`.
+fn nic0_as(pci: &str, rdma: &str) -> tempfile::TempDir {
+    let sys = tempfile::tempdir().unwrap();
+    let pf = sys.path().join("devices/pci0000:3a").join(pci);
+    std::fs::create_dir_all(pf.join("infiniband").join(rdma)).unwrap();
+    std::fs::create_dir_all(sys.path().join("class/net/nic0")).unwrap();
+    std::os::unix::fs::symlink(&pf, sys.path().join("class/net/nic0/device")).unwrap();
+    sys
+}
+
+#[test]
+fn in_process_delegates_read_the_node_through_their_requests_sysfs_not_the_daemons_environment() {
+    let n = Node::new();
+    // One daemon, its own environment naming no sysfs root; two requests, each naming another
+    // fake tree: each in-process plexus-macvlan reads its own request's view of the node.
+    let _d = n.daemon(&[]);
+    let devinfo = n.dir.path().join("devinfo");
+    let policy = plexus_tests::write_policy(
+        n.dir.path(),
+        "policy.json",
+        &json!({"dataRoots": [std::env::temp_dir()], "deviceInfoDir": devinfo}),
+    );
+    let trees = [("pod1", "0000:3b:00.1", "mlx5_1"), ("pod2", "0000:5e:00.0", "mlx5_7")];
+    let sysfs: Vec<tempfile::TempDir> = trees.iter().map(|(_, pci, rdma)| nic0_as(pci, rdma)).collect();
+    let run = |verb: &str, i: usize| {
+        let (container, pod) = if i == 0 { ("pod1", n.lab.pod.path()) } else { ("pod2", n.pod2.path()) };
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment(container, &pod, "eth0", &bin_dir().display().to_string())
+            .env("PLEXUS_POLICY", policy.to_str().unwrap())
+            .env("PLEXUS_SYSFS_ROOT", sysfs[i].path().to_str().unwrap())
+            .stdin(&n.conf("rail0"))
+            .in_netns(&n.lab.node)
+            .run()
+    };
+    for (i, (container, pci, rdma)) in trees.iter().enumerate() {
+        let out = run("ADD", i);
+        assert!(out.success(), "{container}: {}", out.stdout);
+        let doc: Value =
+            serde_json::from_slice(&std::fs::read(devinfo.join(format!("default-rail0-{container}_net1"))).unwrap())
+                .unwrap();
+        assert_eq!((doc["pci"]["pci-address"].as_str(), doc["pci"]["rdma-device"].as_str()), (Some(*pci), Some(*rdma)));
+    }
+    assert!(!n.shim_log().contains("thin mode"), "both served by the daemon: {}", n.shim_log());
+    for i in 0..2 {
+        assert!(run("DEL", i).success());
+    }
+    assert_eq!(std::fs::read_dir(&devinfo).map(|d| d.count()).unwrap_or(0), 0);
+}

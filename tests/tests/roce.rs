@@ -35,7 +35,9 @@ fn sysfs_mounted_from_the_pods_namespace_shows_the_pods_devices_and_leaves_no_mo
     // No RDMA device in the pod here: no GIDs, no error, no wait.
     let start = std::time::Instant::now();
     let addr = "198.18.0.10".parse().unwrap();
-    let gids = plexus_net::roce::gids_for_in(&pod, "mlx5_0", &[addr], std::time::Duration::from_secs(5)).unwrap();
+    let sysfs = plexus_net::sysfs::Sysfs::new(plexus_node::paths::SYSFS_ROOT);
+    let gids =
+        plexus_net::roce::gids_for_in(&pod, &sysfs, "mlx5_0", &[addr], std::time::Duration::from_secs(5)).unwrap();
     assert!(gids.is_empty());
     assert!(start.elapsed() < std::time::Duration::from_secs(1));
 }

@@ -91,6 +91,13 @@ impl Ports for Scanned {
     }
 }
 
+/// The node the driver serves: its name, and the sysfs its ports are read through (the daemon's
+/// `--sysfs-root`).
+pub struct ThisNode {
+    pub name: String,
+    pub sysfs: Sysfs,
+}
+
 /// Start the publisher and the kubelet plugin on the current runtime; the plugin's sockets go
 /// when `stop` fires. `ready` is told when the kubelet registers the plugin and when the slices
 /// are published.
@@ -98,13 +105,13 @@ pub fn start(
     args: &DraArgs,
     api: kube::Client,
     watch: kube::Client,
-    node: &str,
+    this: ThisNode,
     timeout: Duration,
     stop: tokio::sync::watch::Receiver<bool>,
     ready: Arc<plexus_dra::ready::Readiness>,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let ThisNode { name: node, sysfs } = this;
     let runtime = tokio::runtime::Handle::current();
-    let sysfs = Sysfs::from_env();
     let shared = args.dra_shared_ports.clone();
     let publishing = plexus_dra::slice::Publishing {
         resource_name: args.dra_resource_name.clone(),
@@ -116,9 +123,9 @@ pub fn start(
         Box::new(move || Box::pin(scan(sysfs.clone(), shared.clone())))
     };
     let every = Duration::from_secs_f64(args.dra_scan_interval.max(0.1));
-    tokio::spawn(plexus_dra::publish::run(watch, node.to_string(), scan, publishing, every, ready.clone()));
+    tokio::spawn(plexus_dra::publish::run(watch, node.clone(), scan, publishing, every, ready.clone()));
     let driver = Driver {
-        node: node.to_string(),
+        node,
         claims: Arc::new(Api(plexus_k8s::api::ApiClient::on_runtime(api, runtime.clone(), timeout))),
         ports: Arc::new(Scanned { sysfs, shared, runtime }),
         store: Store::new(&args.dra_claims_dir),

@@ -42,6 +42,10 @@ struct Args {
     /// without that no API (NADs from each request's `nadDir`, as in thin mode).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// The sysfs root the daemon reads the node through (its DRA driver's ports), and the one its
+    /// requests' delegates read through unless a request names its own.
+    #[arg(long, env = "PLEXUS_SYSFS_ROOT", default_value = plexus_node::paths::SYSFS_ROOT)]
+    sysfs_root: PathBuf,
     /// This node's name: only its pods are watched.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
@@ -156,8 +160,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             watch_config.read_timeout = None;
             let watch = kube::Client::try_from(watch_config).context("Kubernetes client")?;
             if let Some(ready) = &dra_ready {
+                let this = dra::ThisNode { name: node.clone(), sysfs: plexus_net::sysfs::Sysfs::new(&args.sysfs_root) };
                 dra_plugin =
-                    Some(dra::start(&args.dra, api.clone(), watch.clone(), &node, timeout, dra_stopped, ready.clone()));
+                    Some(dra::start(&args.dra, api.clone(), watch.clone(), this, timeout, dra_stopped, ready.clone()));
             }
             let api = plexus_k8s::api::ApiClient::on_runtime(api, tokio::runtime::Handle::current(), timeout);
             let caches = cluster::Caches::start(watch, api, &node, metrics.clone(), &args.status_journal)?;
@@ -199,14 +204,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut observers: Vec<Arc<dyn plexus::Observer>> = vec![Arc::new(metrics::DelegateMetrics::new(metrics.clone()))];
     observers.extend(spans.clone().map(|s| s as Arc<dyn plexus::Observer>));
-    let daemon = Arc::new(server::Daemon::new(
+    let mut daemon = server::Daemon::new(
         plexus::Meta::with_view(view).observed_by(observers),
         runner,
         metrics,
         spans.clone(),
         args.max_concurrent.max(1),
         args.max_queued,
-    ));
+    );
+    daemon.sysfs_root = args.sysfs_root.clone();
+    let daemon = Arc::new(daemon);
     http::serve(args.metrics_address, http::Endpoints { daemon: daemon.clone(), caches, dra: dra_ready }).await?;
     let listener = server::bind(&args.socket).with_context(|| format!("socket {}", args.socket.display()))?;
     tracing::info!(socket = %args.socket.display(), "serving");

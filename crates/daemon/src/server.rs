@@ -38,6 +38,9 @@ pub struct Daemon {
     pub stopping: AtomicBool,
     /// The requests running, for the watchdog ([`watch`]).
     running_slots: std::sync::Mutex<Vec<Arc<Slot>>>,
+    /// The daemon's view of the node, which a request gets when its own environment does not
+    /// name one (`--sysfs-root`): the sysfs root its delegates read through.
+    pub sysfs_root: std::path::PathBuf,
 }
 
 impl Daemon {
@@ -61,6 +64,7 @@ impl Daemon {
             idle: Notify::new(),
             stopping: AtomicBool::new(false),
             running_slots: std::sync::Mutex::new(Vec::new()),
+            sysfs_root: plexus_node::paths::SYSFS_ROOT.into(),
         }
     }
 
@@ -250,6 +254,10 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     let mut request = request;
     let deadline = wire::deadline(|k| request.env.get(k).cloned());
     request.env.insert(plexus_cni::deadline::DEADLINE_ENV.into(), deadline.to_env());
+    request
+        .env
+        .entry(plexus_node::paths::SYSFS_ROOT_ENV.into())
+        .or_insert_with(|| daemon.sysfs_root.display().to_string());
     let Ok(permit) = daemon.running.clone().acquire_owned().await else { return };
     let started = Instant::now();
     let slot = Arc::new(Slot {

@@ -181,10 +181,16 @@ pub fn gids_for(sysfs: &Sysfs, dev: &str, addrs: &[IpAddr], wait: Duration) -> V
 
 /// [`gids_for`] as seen from network namespace `netns`: sysfs mounted in a private mount
 /// namespace of a thread that joined it (the moved RDMA device of exclusive mode is visible only
-/// there). With `PLEXUS_SYSFS_ROOT` set, that tree is read instead.
-pub fn gids_for_in(netns: &Netns, dev: &str, addrs: &[IpAddr], wait: Duration) -> Result<Vec<GidEntry>, Error> {
-    if std::env::var_os(crate::sysfs::SYSFS_ROOT_ENV).is_some_and(|v| !v.is_empty()) {
-        return Ok(gids_for(&Sysfs::from_env(), dev, addrs, wait));
+/// there). With a fake tree as `sysfs`, that tree is read instead.
+pub fn gids_for_in(
+    netns: &Netns,
+    sysfs: &Sysfs,
+    dev: &str,
+    addrs: &[IpAddr],
+    wait: Duration,
+) -> Result<Vec<GidEntry>, Error> {
+    if sysfs.is_fake() {
+        return Ok(gids_for(sysfs, dev, addrs, wait));
     }
     let (dev, addrs) = (dev.to_string(), addrs.to_vec());
     in_netns(netns, move |sysfs| gids_for(sysfs, &dev, &addrs, wait))

@@ -12,9 +12,6 @@ use plexus_cni::env::validate_ifname;
 use plexus_node::files;
 use serde_json::{Value, json};
 
-/// The environment variable that moves the sysfs root.
-pub const SYSFS_ROOT_ENV: &str = "PLEXUS_SYSFS_ROOT";
-
 /// The device-info spec version plexus writes.
 pub const DEVICE_INFO_VERSION: &str = "1.1.0";
 
@@ -42,9 +39,9 @@ impl Sysfs {
         Sysfs { root: root.into() }
     }
 
-    /// `/sys`, unless `PLEXUS_SYSFS_ROOT` names another root.
-    pub fn from_env() -> Sysfs {
-        Sysfs::new(std::env::var_os(SYSFS_ROOT_ENV).filter(|v| !v.is_empty()).unwrap_or_else(|| "/sys".into()))
+    /// Whether this is another tree than the kernel's own `/sys`.
+    pub fn is_fake(&self) -> bool {
+        self.root != Path::new(plexus_node::paths::SYSFS_ROOT)
     }
 
     pub fn root(&self) -> &Path {

@@ -24,3 +24,16 @@ pub const DEVICE_INFO_DP_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dp";
 
 /// Where plexus's DRA driver keeps the claims it prepared, for the meta-plugin's ADD.
 pub const DRA_CLAIMS_DIR: &str = "/run/plexus/dra/claims";
+
+/// The root sysfs is read through (the real one).
+pub const SYSFS_ROOT: &str = "/sys";
+/// Names another sysfs root, for a fake tree (the tests; a node whose sysfs is mounted elsewhere).
+/// Who may set it: whoever starts the plugin (the runtime's environment, plexus-daemon's
+/// `--sysfs-root`); a request carries it to its delegates, in-process ones too.
+pub const SYSFS_ROOT_ENV: &str = "PLEXUS_SYSFS_ROOT";
+
+/// The sysfs root `named` (the value of [`SYSFS_ROOT_ENV`]) says: [`SYSFS_ROOT`] when it is unset
+/// or empty.
+pub fn sysfs_root(named: Option<&str>) -> std::path::PathBuf {
+    named.filter(|v| !v.is_empty()).unwrap_or(SYSFS_ROOT).into()
+}

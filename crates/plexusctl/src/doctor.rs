@@ -92,7 +92,8 @@ fn check_parent(parent: &str, mtu: Option<u32>, out: &mut Vec<Finding>) -> Resul
         )),
         _ => out.push(ok(format!("{parent} MTU {}", link.mtu))),
     }
-    let sysfs = Sysfs::from_env();
+    let named = std::env::var(plexus_node::paths::SYSFS_ROOT_ENV).ok();
+    let sysfs = Sysfs::new(plexus_node::paths::sysfs_root(named.as_deref()));
     let hw = sysfs.netdev_hardware(parent);
     match &hw.pci_address {
         Some(pci) => {

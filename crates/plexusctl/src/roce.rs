@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use plexus_net::roce::{self, GidEntry};
-use plexus_net::sysfs::{SYSFS_ROOT_ENV, Sysfs};
+use plexus_net::sysfs::Sysfs;
 use plexus_net::{LinkSocket, Netns, configure};
+use plexus_node::paths::SYSFS_ROOT_ENV;
 
 /// One row of the table.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -77,7 +78,8 @@ fn rows_of(sysfs: &Sysfs, addrs: &BTreeMap<IpAddr, String>) -> Vec<Row> {
 pub fn rows(netns_path: &Path) -> Result<Vec<Row>> {
     let netns = Netns::open(netns_path).with_context(|| format!("open {}", netns_path.display()))?;
     let addrs = pod_addresses(&netns)?;
-    let mut rows = rows_of(&Sysfs::from_env(), &addrs);
+    let mut rows =
+        rows_of(&Sysfs::new(plexus_node::paths::sysfs_root(std::env::var(SYSFS_ROOT_ENV).ok().as_deref())), &addrs);
     // Exclusive mode: devices moved into the pod show only in a sysfs of its namespace (a fake
     // tree, when PLEXUS_SYSFS_ROOT names one, stands for both views).
     if std::env::var_os(SYSFS_ROOT_ENV).is_none_or(|v| v.is_empty()) {

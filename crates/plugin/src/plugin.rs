@@ -61,6 +61,13 @@ impl Request {
         })
     }
 
+    /// The sysfs root this request reads the node through ([`plexus_node::paths::SYSFS_ROOT_ENV`]
+    /// in its environment, else `/sys`).
+    pub fn sysfs_root(&self) -> std::path::PathBuf {
+        let named = self.env.vars.iter().find(|(k, _)| k == plexus_node::paths::SYSFS_ROOT_ENV);
+        plexus_node::paths::sysfs_root(named.map(|(_, v)| v.as_str()))
+    }
+
     pub fn netns(&self) -> Option<&Path> {
         self.env.netns.as_deref()
     }
@@ -272,8 +279,12 @@ fn prepare(
     env.deadline = plexus_cni::Deadline::from_env(&getenv, policy.limits.request_timeout());
     // The node policy this plugin runs under is its delegates' too (said outright: a plugin
     // served by plexus-daemon does not inherit the runtime's environment).
-    if let Some(file) = getenv(plexus_node::paths::POLICY_ENV).filter(|p| !p.is_empty()) {
-        env.vars.push((plexus_node::paths::POLICY_ENV.to_string(), file));
+    // So is the view of the node: the sysfs root it reads through (plexus-daemon's in-process
+    // delegates see their request's, not the daemon's environment).
+    for key in [plexus_node::paths::POLICY_ENV, plexus_node::paths::SYSFS_ROOT_ENV] {
+        if let Some(value) = getenv(key).filter(|v| !v.is_empty()) {
+            env.vars.push((key.to_string(), value));
+        }
     }
     // So is the runtime's trace context (also where the process's own environment is not the
     // runtime's: plexus-daemon, an in-process delegate).

@@ -65,7 +65,7 @@ fn roce_gids(
 ) -> Vec<roce::GidEntry> {
     let addrs = result.addresses();
     match (&host.rdma_moved, rdma_device) {
-        (Some(moved), _) => roce::gids_for_in(pod, moved, &addrs, wait).unwrap_or_else(|e| {
+        (Some(moved), _) => roce::gids_for_in(pod, sysfs, moved, &addrs, wait).unwrap_or_else(|e| {
             tracing::warn!(device = %moved, "GID table not read: {e}");
             Vec::new()
         }),
@@ -83,7 +83,7 @@ impl Plugin for HostDevice {
         let conf = HostDeviceConf::load(req)?;
         let info_file = req.device_info_file()?;
         let wait = roce::configured_wait(conf.roce_gid_wait_ms)?;
-        let sysfs = Sysfs::from_env();
+        let sysfs = Sysfs::new(req.sysfs_root());
         let pod = Netns::open(req.netns().expect("ADD has CNI_NETNS"))?;
         let node = Netns::current()?;
         configure::runtime()?.block_on(async {
@@ -142,7 +142,7 @@ impl Plugin for HostDevice {
 
     fn status(&self, req: &Request) -> Result<(), Error> {
         let conf = HostDeviceConf::load(req)?;
-        let sysfs = Sysfs::from_env();
+        let sysfs = Sysfs::new(req.sysfs_root());
         configure::runtime()?.block_on(async {
             let node = LinkSocket::current()?;
             conf.select(req, &sysfs, &node).await.map(|_| ()).map_err(|e| Error::new(code::PLUGIN_NOT_AVAILABLE, e.msg))

@@ -299,7 +299,7 @@ impl<K: Kernel> Add<'_, K> {
     /// The device-info file for the master's PCI device, with the RoCE GIDs of the pod's
     /// addresses on its RDMA device (shared RDMA mode); `false` when the master has no PCI device.
     fn write_device_info(&self, path: &Path, result: &CniResult) -> Result<bool, Error> {
-        let sysfs = Sysfs::from_env();
+        let sysfs = Sysfs::new(self.req.sysfs_root());
         let hw = sysfs.netdev_hardware(&self.master.name);
         let Some(doc) = device_info_pci(&hw) else {
             tracing::info!(master = %self.master.name, "no PCI device behind the master: no device-info written");

@@ -49,10 +49,12 @@ pub struct Response {
 pub const OVERRUN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The variables a request carries: what the runtime sets for a plugin, the node policy's path,
-/// a deadline the runtime's environment already had, and the runtime's trace context.
+/// the sysfs root, a deadline the runtime's environment already had, whether a delegation made
+/// it, and the runtime's trace context.
 pub fn forwarded(key: &str) -> bool {
     key.starts_with("CNI_")
         || key == plexus_node::paths::POLICY_ENV
+        || key == plexus_node::paths::SYSFS_ROOT_ENV
         || key == plexus_cni::deadline::DEADLINE_ENV
         || key == plexus_plugin::delegate::DELEGATED_ENV
         || plexus_plugin::trace::TRACE_CONTEXT_ENV.iter().any(|(k, _)| *k == key)
