@@ -460,12 +460,15 @@ fn plexus_own_binaries_that_are_not_plugins_are_never_run_as_a_delegate() {
 
 #[test]
 fn an_oversized_nad_is_refused_and_unknown_delegate_types_share_one_metric_label() {
-    let n = Node::new();
+    // A cap below the default (64 KiB): the daemon's watch cache keeps to its policy's.
+    let n = Node::with_policy(json!({"limits": {"nadConfigBytes": 32768}}));
     let api = plexus_tests::fake_api::FakeApi::start_in(&n.lab.node);
     let kubeconfig = n.path("kubeconfig");
     api.write_kubeconfig(&kubeconfig, true);
     let padding = "x".repeat(70 * 1024);
     api.add_nad("ml", "huge", &json!({"cniVersion": "1.0.0", "type": "spy", "padding": padding}), json!({}));
+    let between = "x".repeat(40 * 1024);
+    api.add_nad("ml", "between", &json!({"cniVersion": "1.0.0", "type": "spy", "padding": between}), json!({}));
     for i in 0..20 {
         api.add_nad(
             "ml",
@@ -474,12 +477,14 @@ fn an_oversized_nad_is_refused_and_unknown_delegate_types_share_one_metric_label
             json!({}),
         );
     }
-    let mut annotations = vec![("huge".to_string(), "huge".to_string())];
+    let mut annotations =
+        vec![("huge".to_string(), "huge".to_string()), ("between".to_string(), "between".to_string())];
     annotations.extend((0..20).map(|i| (format!("p{i}"), format!("typo{i}"))));
     for (pod, networks) in &annotations {
         api.add_pod("ml", pod, &format!("uid-{pod}"), json!({"k8s.v1.cni.cncf.io/networks": networks}));
     }
-    let (d, mut meta) = n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "n1"], &[]);
+    let (d, mut meta) =
+        n.daemon(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "n1"], &[("PLEXUS_POLICY", &n.policy)]);
     meta.as_object_mut().unwrap().remove("nadDir");
     meta.as_object_mut().unwrap().remove("networks");
     meta["kubeconfig"] = json!(kubeconfig);
@@ -490,7 +495,17 @@ fn an_oversized_nad_is_refused_and_unknown_delegate_types_share_one_metric_label
     let (code, msg, _) = n.plexus_with("ADD", &meta, as_pod("huge")).error();
     assert_eq!(code, 7, "{msg}");
     assert!(msg.contains("network-attachment-definition ml/huge: spec.config is 717"), "{msg}");
-    assert!(msg.ends_with("the node policy allows at most 65536 (limits.nadConfigBytes)"), "{msg}");
+    assert!(msg.ends_with("the node policy allows at most 32768 (limits.nadConfigBytes)"), "{msg}");
+    let (code, msg, _) = n.plexus_with("ADD", &meta, as_pod("between")).error();
+    assert_eq!(code, 7, "{msg}");
+    // The watch cache dropped both while decoding, at its policy's cap (the requests read them
+    // from the API), and kept the small ones (never read one by one).
+    let read = |nad: &str| {
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("GET") && r.contains(&format!("network-attachment-definitions/{nad}")))
+    };
+    assert!(read("huge") && read("between") && !read("typo0"), "{:?}", api.requests());
     for i in 0..20 {
         let (code, _, _) = n.plexus_with("ADD", &meta, as_pod(&format!("p{i}"))).error();
         assert_eq!(code, 100, "no such plugin");

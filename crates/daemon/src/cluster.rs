@@ -37,20 +37,48 @@ struct CachedNad {
     spec: NadSpec,
 }
 
-/// The largest `spec.config` the cache keeps (the node policy's `limits.nadConfigBytes`, read
-/// when the daemon starts): a larger one is dropped while it is decoded, and a request selecting
-/// that NAD reads it from the API (and is refused for its size).
-static CONFIG_CAP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64 * 1024);
+thread_local! {
+    /// The largest `spec.config` decoded now, on this thread: the cap of the NAD cache whose
+    /// watch is being polled ([`Capped`]), which decodes what it reads inside its poll. A decoder
+    /// has no other way in (serde's), and no cap is a process's: two caches of one process keep
+    /// their own. Outside a capped poll, the default limit.
+    static CONFIG_CAP: std::cell::Cell<usize> =
+        std::cell::Cell::new(plexus_node::policy::Limits::default().nad_config_bytes);
+}
 
-/// Set the largest `spec.config` the NAD cache keeps.
-pub fn cap_nad_configs(bytes: usize) {
-    CONFIG_CAP.store(bytes, Ordering::SeqCst);
+/// `f` with `cap` as the largest `spec.config` decoded on this thread, then the cap as it was.
+fn decoding_capped<T>(cap: usize, f: impl FnOnce() -> T) -> T {
+    let before = CONFIG_CAP.with(|c| c.replace(cap));
+    let out = f();
+    CONFIG_CAP.with(|c| c.set(before));
+    out
+}
+
+/// A watch whose every poll decodes with the cache's cap on `spec.config` (the node policy's
+/// `limits.nadConfigBytes`): a larger config is dropped while it is decoded, and a request
+/// selecting that NAD reads it from the API (and is refused for its size).
+struct Capped<S> {
+    inner: S,
+    cap: usize,
+}
+
+impl<S: futures::Stream + Unpin> futures::Stream for Capped<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        let cap = self.cap;
+        decoding_capped(cap, || std::pin::Pin::new(&mut self.inner).poll_next(cx))
+    }
 }
 
 /// `spec` of a cached NAD. A NAD is tenant-written: whatever its spec is (the CRD says an object
 /// with a string `config`; a cluster may have installed another), it never fails the decoding of
 /// the list it came in — anything else reads as no config, as `plexus_k8s::Nad::from_object`
-/// reads it — and a config larger than [`CONFIG_CAP`] is never held, not even while decoding.
+/// reads it — and a config larger than the cache's cap ([`Capped`]) is never held, not even while
+/// decoding.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 struct NadSpec {
     config: String,
@@ -117,7 +145,7 @@ impl<'de> serde::de::Visitor<'de> for SpecVisitor {
 }
 
 /// `spec.config`: the text (empty when it is not a string), or `None` when it is longer than
-/// [`CONFIG_CAP`] — measured on the decoder's own buffer, never copied.
+/// the cap ([`CONFIG_CAP`]) — measured on the decoder's own buffer, never copied.
 struct ConfigSeed;
 
 impl<'de> serde::de::DeserializeSeed<'de> for ConfigSeed {
@@ -138,7 +166,7 @@ impl<'de> serde::de::Visitor<'de> for ConfigVisitor {
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Option<String>, E> {
-        Ok((v.len() <= CONFIG_CAP.load(Ordering::Relaxed)).then(|| v.to_string()))
+        Ok((v.len() <= CONFIG_CAP.with(std::cell::Cell::get)).then(|| v.to_string()))
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
@@ -254,12 +282,15 @@ const STATUS_RETRY: Duration = Duration::from_secs(2);
 impl Caches {
     /// Start both watches on the current runtime; `watch` is a client for long requests, `api`
     /// one with the per-call deadline; network-status is journaled in `journal`.
+    /// `nad_config_cap`: the largest `spec.config` the NAD cache keeps (the node policy's
+    /// `limits.nadConfigBytes`).
     pub fn start(
         watch: kube::Client,
         api: ApiClient,
         node: &str,
         metrics: Arc<Metrics>,
         journal: &Path,
+        nad_config_cap: usize,
     ) -> anyhow::Result<Arc<Caches>> {
         let (nads, nad_writer) = reflector::store::<CachedNad>();
         // Pages of a few NADs: a page is decoded whole, and a NAD may be ~1.5 MiB (etcd's limit),
@@ -285,7 +316,10 @@ impl Caches {
         })
         .reflect(pod_writer);
         for (kind, stream) in [
-            (NAD_KIND, nad_stream.map(|e| e.map(|e| watched(&e))).boxed()),
+            (
+                NAD_KIND,
+                Capped { inner: nad_stream.boxed(), cap: nad_config_cap }.map(|e| e.map(|e| watched(&e))).boxed(),
+            ),
             (POD_KIND, pod_stream.map(|e| e.map(|e| watched(&e))).boxed()),
         ] {
             let metrics = metrics.clone();
@@ -447,9 +481,16 @@ mod tests {
             {"metadata": {"name": "big", "namespace": "ml"}, "spec": {"config": big}},
             {"metadata": {"name": "small", "namespace": "ml"}, "spec": {"config": "{}"}}
         ]});
-        let decoded: kube::core::ObjectList<CachedNad> = serde_json::from_value(list).unwrap();
+        let decoded: kube::core::ObjectList<CachedNad> = serde_json::from_value(list.clone()).unwrap();
         let (big, small) = (&decoded.items[0].spec, &decoded.items[1].spec);
         assert!(big.oversized && big.config.is_empty(), "64 KiB by default");
         assert!(!small.oversized && small.config == "{}");
+        // Two caches of one process, each its own cap: the list decoded by each.
+        let kept = |cap: usize| {
+            let decoded: kube::core::ObjectList<CachedNad> =
+                decoding_capped(cap, || serde_json::from_value(list.clone()).unwrap());
+            decoded.items.iter().filter(|n| !n.spec.oversized).count()
+        };
+        assert_eq!((kept(1), kept(128 * 1024), kept(1)), (0, 2, 0));
     }
 }

@@ -137,10 +137,13 @@ fn daemon() -> anyhow::Result<()> {
 async fn run(args: Args) -> anyhow::Result<()> {
     // The node policy's bound on NADs holds in the cache too (each request is still checked
     // against its own policy).
-    match plexus_node::Policy::load(|k| std::env::var(k).ok()) {
-        Ok(policy) => cluster::cap_nad_configs(policy.limits.nad_config_bytes),
-        Err(e) => tracing::warn!("node policy: {e}: the NAD cache keeps configs of the default size"),
-    }
+    let nad_config_cap = match plexus_node::Policy::load(|k| std::env::var(k).ok()) {
+        Ok(policy) => policy.limits.nad_config_bytes,
+        Err(e) => {
+            tracing::warn!("node policy: {e}: the NAD cache keeps configs of the default size");
+            plexus_node::policy::Limits::default().nad_config_bytes
+        }
+    };
     let metrics = Arc::new(metrics::Metrics::new());
     let timeout = Duration::from_secs_f64(args.api_timeout.max(0.1));
     let (dra_stop, dra_stopped) = tokio::sync::watch::channel(false);
@@ -165,7 +168,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     Some(dra::start(&args.dra, api.clone(), watch.clone(), this, timeout, dra_stopped, ready.clone()));
             }
             let api = plexus_k8s::api::ApiClient::on_runtime(api, tokio::runtime::Handle::current(), timeout);
-            let caches = cluster::Caches::start(watch, api, &node, metrics.clone(), &args.status_journal)?;
+            let caches =
+                cluster::Caches::start(watch, api, &node, metrics.clone(), &args.status_journal, nad_config_cap)?;
             let started = tokio::time::Instant::now();
             while !caches.synced() && started.elapsed() < cluster::SYNC_WAIT {
                 tokio::time::sleep(Duration::from_millis(20)).await;
