@@ -907,3 +907,46 @@ fn in_process_delegates_read_the_node_through_their_requests_sysfs_not_the_daemo
     }
     assert_eq!(std::fs::read_dir(&devinfo).map(|d| d.count()).unwrap_or(0), 0);
 }
+
+#[test]
+fn requests_naming_two_node_policies_each_run_under_their_own_and_a_changed_one_is_read_again() {
+    let n = Node::new();
+    // One daemon; two requests, each naming another policy (each its own deviceInfoDir): the
+    // in-process delegates of each write where its own policy says. The daemon keeps what it read
+    // per file, not one policy for the process: rewritten, a policy is read again.
+    let _d = n.daemon(&[]);
+    let sysfs = nic0_as("0000:3b:00.1", "mlx5_1");
+    let policy = |name: &str, devinfo: &Path| {
+        plexus_tests::write_policy(
+            n.dir.path(),
+            name,
+            &json!({"dataRoots": [std::env::temp_dir()], "deviceInfoDir": devinfo}),
+        )
+    };
+    let dirs: Vec<PathBuf> = ["devinfo-a", "devinfo-b", "devinfo-a2"].iter().map(|d| n.dir.path().join(d)).collect();
+    let policies = [policy("a.json", &dirs[0]), policy("b.json", &dirs[1])];
+    let run = |verb: &str, i: usize| {
+        let (container, pod) = if i == 0 { ("pod1", n.lab.pod.path()) } else { ("pod2", n.pod2.path()) };
+        PluginRun::new(plugin_bin("plexus"), verb)
+            .attachment(container, &pod, "eth0", &bin_dir().display().to_string())
+            .env("PLEXUS_POLICY", policies[i].to_str().unwrap())
+            .env("PLEXUS_SYSFS_ROOT", sysfs.path().to_str().unwrap())
+            .stdin(&n.conf("rail0"))
+            .in_netns(&n.lab.node)
+            .run()
+    };
+    let written = |dir: &Path| std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+    for i in 0..2 {
+        let out = run("ADD", i);
+        assert!(out.success(), "{i}: {}", out.stdout);
+    }
+    assert_eq!((written(&dirs[0]), written(&dirs[1])), (1, 1), "each request under its own policy");
+    assert!(run("DEL", 0).success());
+    policy("a.json", &dirs[2]);
+    let out = run("ADD", 0);
+    assert!(out.success(), "{}", out.stdout);
+    assert_eq!((written(&dirs[0]), written(&dirs[2])), (0, 1), "the rewritten policy was read again");
+    assert!(!n.shim_log().contains("thin mode"), "all served by the daemon: {}", n.shim_log());
+    assert!(run("DEL", 0).success() && run("DEL", 1).success());
+    assert_eq!((written(&dirs[1]), written(&dirs[2])), (0, 0));
+}

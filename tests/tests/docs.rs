@@ -2,7 +2,9 @@
 //! SECURITY.md and docs/*.md that starts with one of the repository's top-level directories
 //! (`crates/ipam/src/store/file.rs`, `plugins/{macvlan,host-device}/src/tests.rs`) is there, and
 //! docs/CONTRIBUTING.md's tables of test files and harness modules name every one. A moved,
-//! renamed or new file whose docs were not fixed fails here. No root needed.
+//! renamed or new file whose docs were not fixed fails here. So does what docs/ARCHITECTURE.md
+//! states that the code can check: each crate's plexus dependencies, every module and library
+//! error type, every value held process-wide; and README states no test count. No root needed.
 
 use std::path::{Path, PathBuf};
 
@@ -243,4 +245,62 @@ fn readme_states_no_count_of_tests_that_a_new_test_would_make_wrong() {
         })
         .collect();
     assert!(counts.is_empty(), "README.md counts tests: {counts:?}");
+}
+
+fn rust_files_beneath(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() && path.file_name().is_some_and(|n| n != "tests") {
+            rust_files_beneath(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") && path.file_name().is_some_and(|n| n != "tests.rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The names of the process-wide (or thread-wide) values `source` declares outside its tests: a
+/// `static` whose type can change (a lock, a once-cell, an atomic, a cell) or any `thread_local!`.
+fn process_state(source: &str) -> Vec<String> {
+    let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut in_thread_local = false;
+    let mut names = Vec::new();
+    for line in code.lines().map(str::trim) {
+        in_thread_local |= line.starts_with("thread_local!");
+        let Some(rest) = line.strip_prefix("pub static ").or_else(|| line.strip_prefix("static ")) else { continue };
+        let Some((name, ty)) = rest.split_once(':') else { continue };
+        let changes = ["OnceLock", "Mutex", "RwLock", "Atomic", "Cell", "LazyLock"].iter().any(|t| ty.contains(t));
+        if changes || in_thread_local {
+            names.push(name.trim().to_string());
+        }
+        in_thread_local = false;
+    }
+    names
+}
+
+#[test]
+fn process_wide_state_is_only_what_architecture_names_as_such() {
+    let root = repo();
+    let text = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    let mut files = Vec::new();
+    for member in members(&root).iter().filter(|m| m.starts_with("crates/") || m.starts_with("plugins/")) {
+        rust_files_beneath(&root.join(member).join("src"), &mut files);
+    }
+    let mut found = Vec::new();
+    for file in &files {
+        let source = std::fs::read_to_string(file).unwrap();
+        for name in process_state(&source) {
+            found.push((name, file.strip_prefix(&root).unwrap().display().to_string()));
+        }
+    }
+    assert!(found.iter().any(|(n, _)| n == "OWN"), "the scan finds the one it must: {found:?}");
+    let unnamed: Vec<_> = found.iter().filter(|(n, _)| !text.contains(&format!("`{n}`"))).collect();
+    assert!(unnamed.is_empty(), "process-wide state docs/ARCHITECTURE.md does not name (and justify): {unnamed:?}");
+}
+
+#[test]
+fn process_state_is_found_in_statics_that_change_and_thread_locals_not_in_constants_or_tests() {
+    let source = "static A: AtomicBool = AtomicBool::new(false);\nstatic B: [u8; 2] = [0; 2];\n\
+                  pub static C: std::sync::OnceLock<u8> = OnceLock::new();\nthread_local! {\n    /// doc\n    \
+                  static D: u8 = 0;\n}\n#[cfg(test)]\nmod tests { static E: Mutex<u8> = Mutex::new(0); }";
+    assert_eq!(process_state(source), ["A", "C", "D"]);
 }

@@ -71,31 +71,64 @@ impl ClaimSource for Api {
     }
 }
 
-struct Scanned {
+/// What a scan of the node's ports reads: the sysfs, the node policy as it is at each scan, and
+/// the ports shared as macvlans.
+#[derive(Clone)]
+struct Scan {
     sysfs: Sysfs,
+    policy: Arc<NodePolicy>,
     shared: Vec<String>,
-    runtime: tokio::runtime::Handle,
 }
 
-/// The node's ports now; a scan that fails offers none, and says why.
-async fn scan(sysfs: Sysfs, shared: Vec<String>) -> (Vec<Nic>, Vec<plexus_dra::nics::Skipped>) {
-    plexus_dra::nics::scan(&sysfs, &shared).await.unwrap_or_else(|e| {
-        tracing::warn!("DRA: {e}");
-        (Vec::new(), Vec::new())
-    })
+impl Scan {
+    /// The node's ports now; a scan that fails offers none, and says why.
+    async fn run(self) -> (Vec<Nic>, Vec<plexus_dra::nics::Skipped>) {
+        let scanned = match self.policy.now() {
+            Ok(policy) => plexus_dra::nics::scan(&self.sysfs, &policy, &self.shared).await,
+            Err(e) => Err(DraError::Scan(e.msg)),
+        };
+        scanned.unwrap_or_else(|e| {
+            tracing::warn!("DRA: {e}");
+            (Vec::new(), Vec::new())
+        })
+    }
+}
+
+struct Scanned {
+    scan: Scan,
+    runtime: tokio::runtime::Handle,
 }
 
 impl Ports for Scanned {
     fn nics(&self) -> Vec<Nic> {
-        self.runtime.block_on(scan(self.sysfs.clone(), self.shared.clone())).0
+        self.runtime.block_on(self.scan.clone().run()).0
     }
 }
 
-/// The node the driver serves: its name, and the sysfs its ports are read through (the daemon's
-/// `--sysfs-root`).
+/// The daemon's own node policy: the file its `PLEXUS_POLICY` named when it started (else the
+/// default file, else defaults), read again when it changes.
+pub struct NodePolicy {
+    file: Option<String>,
+    memo: plexus_node::PolicyMemo,
+}
+
+impl NodePolicy {
+    /// The policy `file` names (`None`: the default file, else defaults).
+    pub fn new(file: Option<String>) -> NodePolicy {
+        NodePolicy { file, memo: plexus_node::PolicyMemo::default() }
+    }
+
+    fn now(&self) -> Result<plexus_node::Policy, plexus_cni::error::Error> {
+        self.memo.load(|k| (k == plexus_node::paths::POLICY_ENV).then(|| self.file.clone()).flatten())
+    }
+}
+
+/// The node the driver serves: its name, the sysfs its ports are read through (the daemon's
+/// `--sysfs-root`) and the node policy that says which ports it may offer.
 pub struct ThisNode {
     pub name: String,
     pub sysfs: Sysfs,
+    pub policy: NodePolicy,
 }
 
 /// Start the publisher and the kubelet plugin on the current runtime; the plugin's sockets go
@@ -110,7 +143,7 @@ pub fn start(
     stop: tokio::sync::watch::Receiver<bool>,
     ready: Arc<plexus_dra::ready::Readiness>,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    let ThisNode { name: node, sysfs } = this;
+    let ThisNode { name: node, sysfs, policy } = this;
     let runtime = tokio::runtime::Handle::current();
     let shared = args.dra_shared_ports.clone();
     let publishing = plexus_dra::slice::Publishing {
@@ -118,16 +151,17 @@ pub fn start(
         macvlans_per_port: args.dra_macvlans_per_port,
         rdma_netns_mode: plexus_dra::nics::rdma_netns_mode(),
     };
-    let scan: Box<plexus_dra::publish::Scan> = {
-        let (sysfs, shared) = (sysfs.clone(), shared.clone());
-        Box::new(move || Box::pin(scan(sysfs.clone(), shared.clone())))
+    let scan = Scan { sysfs, policy: Arc::new(policy), shared };
+    let publish_scan: Box<plexus_dra::publish::Scan> = {
+        let scan = scan.clone();
+        Box::new(move || Box::pin(scan.clone().run()))
     };
     let every = Duration::from_secs_f64(args.dra_scan_interval.max(0.1));
-    tokio::spawn(plexus_dra::publish::run(watch, node.clone(), scan, publishing, every, ready.clone()));
+    tokio::spawn(plexus_dra::publish::run(watch, node.clone(), publish_scan, publishing, every, ready.clone()));
     let driver = Driver {
         node,
         claims: Arc::new(Api(plexus_k8s::api::ApiClient::on_runtime(api, runtime.clone(), timeout))),
-        ports: Arc::new(Scanned { sysfs, shared, runtime }),
+        ports: Arc::new(Scanned { scan, runtime }),
         store: Store::new(&args.dra_claims_dir),
         cdi_dir: args.cdi_dir.clone(),
         dev_root: args.dev_root.clone(),

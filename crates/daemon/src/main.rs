@@ -163,7 +163,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             watch_config.read_timeout = None;
             let watch = kube::Client::try_from(watch_config).context("Kubernetes client")?;
             if let Some(ready) = &dra_ready {
-                let this = dra::ThisNode { name: node.clone(), sysfs: plexus_net::sysfs::Sysfs::new(&args.sysfs_root) };
+                let this = dra::ThisNode {
+                    name: node.clone(),
+                    sysfs: plexus_net::sysfs::Sysfs::new(&args.sysfs_root),
+                    policy: dra::NodePolicy::new(std::env::var(plexus_node::paths::POLICY_ENV).ok()),
+                };
                 dra_plugin =
                     Some(dra::start(&args.dra, api.clone(), watch.clone(), this, timeout, dra_stopped, ready.clone()));
             }

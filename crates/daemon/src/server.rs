@@ -252,7 +252,7 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     // The request's deadline, fixed now and handed to the request in its environment: whatever
     // it does, its slot is given back and the shim answered by then (and a moment).
     let mut request = request;
-    let deadline = wire::deadline(|k| request.env.get(k).cloned());
+    let deadline = wire::deadline(&daemon.runner, |k| request.env.get(k).cloned());
     request.env.insert(plexus_cni::deadline::DEADLINE_ENV.into(), deadline.to_env());
     request
         .env

@@ -133,10 +133,9 @@ pub fn discover(view: &NodeView<'_>) -> (Vec<Nic>, Vec<Skipped>) {
 }
 
 /// Scan this thread's network namespace (its links and default routes over netlink, `sysfs` for
-/// the hardware) with the node policy as it is now. Call within a tokio runtime.
-pub async fn scan(sysfs: &Sysfs, shared: &[String]) -> crate::error::Result<(Vec<Nic>, Vec<Skipped>)> {
+/// the hardware) under the node policy `policy`. Call within a tokio runtime.
+pub async fn scan(sysfs: &Sysfs, policy: &Policy, shared: &[String]) -> crate::error::Result<(Vec<Nic>, Vec<Skipped>)> {
     use crate::DraError::Scan;
-    let policy = Policy::load(|k| std::env::var(k).ok()).map_err(|e| Scan(e.msg))?;
     let socket = plexus_net::LinkSocket::current().map_err(|e| Scan(e.to_string()))?;
     let links = socket.links().await.map_err(|e| Scan(e.to_string()))?;
     let default_route: Vec<u32> = socket
@@ -147,7 +146,7 @@ pub async fn scan(sysfs: &Sysfs, shared: &[String]) -> crate::error::Result<(Vec
         .filter(|r| r.dst.prefix() == 0 && r.table == plexus_net::link::MAIN_TABLE)
         .filter_map(|r| r.oif)
         .collect();
-    Ok(discover(&NodeView { links: &links, default_route: &default_route, sysfs, policy: &policy, shared }))
+    Ok(discover(&NodeView { links: &links, default_route: &default_route, sysfs, policy, shared }))
 }
 
 /// The node's RDMA netns mode (`shared`, `exclusive`), when the kernel has RDMA netlink.

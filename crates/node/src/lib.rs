@@ -16,4 +16,4 @@ pub mod hw;
 pub mod paths;
 pub mod policy;
 
-pub use policy::Policy;
+pub use policy::{Policy, PolicyMemo};

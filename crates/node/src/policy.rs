@@ -288,6 +288,50 @@ impl Default for Policy {
     }
 }
 
+/// The policies a long-running process read (plexus-daemon, whose in-process delegates load
+/// their request's policy on every request), each kept with its file's device, inode, size,
+/// times, owner and mode, and read again only when the file changed. Held by whoever serves the
+/// requests (plexus-plugin's `Runner` of plexus-daemon), never by
+/// the process: two memos never share what they read. Bounded: requests name only the files
+/// their runtime's environment names (`PLEXUS_POLICY`, which tenants do not set), and at most
+/// [`PolicyMemo::KEPT`] are kept.
+#[derive(Debug, Default)]
+pub struct PolicyMemo {
+    kept: std::sync::Mutex<Vec<(PathBuf, crate::files::FileStamp, Policy)>>,
+}
+
+impl PolicyMemo {
+    /// How many policy files are kept at most (the oldest goes first).
+    pub const KEPT: usize = 4;
+
+    /// [`Policy::load`], from what this memo kept while the file is unchanged.
+    pub fn load(&self, getenv: impl Fn(&str) -> Option<String>) -> Result<Policy, Error> {
+        match Policy::path(getenv) {
+            Some(p) => self.from_file(&p),
+            None => Ok(Policy::default()),
+        }
+    }
+
+    /// [`Policy::from_file`], from what this memo kept while the file is unchanged.
+    pub fn from_file(&self, path: &Path) -> Result<Policy, Error> {
+        use crate::files::FileStamp;
+        let kept = || self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stamp) = FileStamp::of_path(path)
+            && let Some((_, _, policy)) = kept().iter().find(|(p, known, _)| p == path && *known == stamp)
+        {
+            return Ok(policy.clone());
+        }
+        let (meta, policy) = Policy::read_file(path)?;
+        let mut kept = kept();
+        kept.retain(|(p, _, _)| p != path);
+        if kept.len() >= PolicyMemo::KEPT {
+            kept.remove(0);
+        }
+        kept.push((path.to_path_buf(), FileStamp::of(&meta), policy.clone()));
+        Ok(policy)
+    }
+}
+
 /// An entry matches a name exactly, or by prefix when it ends in `*` (`ens1f0v*`).
 fn matches(entry: &str, value: &str) -> bool {
     match entry.strip_suffix('*') {
@@ -302,33 +346,27 @@ fn policy_error(path: &Path, why: impl std::fmt::Display) -> Error {
 
 impl Policy {
     /// The policy of this node: `PLEXUS_POLICY`'s file, else the default file, else defaults.
+    /// Read every time: a long-running process keeps what it read in a [`PolicyMemo`].
     pub fn load(getenv: impl Fn(&str) -> Option<String>) -> Result<Policy, Error> {
-        match getenv(paths::POLICY_ENV).filter(|v| !v.is_empty()) {
-            Some(p) => Policy::from_file(Path::new(&p)),
-            None if Path::new(paths::POLICY_FILE).exists() => Policy::from_file(Path::new(paths::POLICY_FILE)),
+        match Policy::path(getenv) {
+            Some(p) => Policy::from_file(&p),
             None => Ok(Policy::default()),
         }
     }
 
-    /// Read and check a policy file: a regular file, owned by root or by this user, writable by
-    /// no one else. A long-running process (plexus-daemon, whose in-process delegates load it
-    /// too) reads it again only when the file changed: the last one read is kept with its
-    /// device, inode, size, times, owner and mode.
-    pub fn from_file(path: &Path) -> Result<Policy, Error> {
-        use crate::files::FileStamp;
-        type Kept = Option<(PathBuf, FileStamp, Policy)>;
-        static LAST: std::sync::Mutex<Kept> = std::sync::Mutex::new(None);
-        if let Some(stamp) = FileStamp::of_path(path)
-            && let Some((p, known, policy)) = &*LAST.lock().unwrap_or_else(|e| e.into_inner())
-            && p == path
-            && *known == stamp
-        {
-            return Ok(policy.clone());
+    /// The file [`Policy::load`] reads, if any.
+    fn path(getenv: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+        match getenv(paths::POLICY_ENV).filter(|v| !v.is_empty()) {
+            Some(p) => Some(PathBuf::from(p)),
+            None if Path::new(paths::POLICY_FILE).exists() => Some(PathBuf::from(paths::POLICY_FILE)),
+            None => None,
         }
-        let (meta, policy) = Policy::read_file(path)?;
-        *LAST.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((path.to_path_buf(), FileStamp::of(&meta), policy.clone()));
-        Ok(policy)
+    }
+
+    /// Read and check a policy file: a regular file, owned by root or by this user, writable by
+    /// no one else.
+    pub fn from_file(path: &Path) -> Result<Policy, Error> {
+        Policy::read_file(path).map(|(_, policy)| policy)
     }
 
     fn read_file(path: &Path) -> Result<(std::fs::Metadata, Policy), Error> {
@@ -598,5 +636,32 @@ mod tests {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
         let e = Policy::from_file(&f).unwrap_err();
         assert!(e.msg.contains("lets others write it"), "{e}");
+    }
+
+    #[test]
+    fn a_memo_reads_a_policy_file_again_once_it_changed_and_shares_nothing_with_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, max: u32| {
+            let f = dir.path().join(name);
+            let tmp = dir.path().join(format!("{name}.new"));
+            std::fs::write(&tmp, format!(r#"{{"maxAttachments": {max}}}"#)).unwrap();
+            std::fs::rename(&tmp, &f).unwrap();
+            f
+        };
+        let (one, two) = (write("one.json", 8), write("two.json", 9));
+        let (a, b) = (PolicyMemo::default(), PolicyMemo::default());
+        let max = |m: &PolicyMemo, f: &Path| m.from_file(f).unwrap().max_attachments;
+        assert_eq!((max(&a, &one), max(&a, &two), max(&a, &one)), (8, 9, 8), "two files, each its own");
+        assert_eq!(max(&b, &two), 9);
+        write("one.json", 7);
+        assert_eq!(max(&a, &one), 7, "a changed file is read again");
+        assert_eq!(a.kept.lock().unwrap().len(), 2);
+        assert_eq!(b.kept.lock().unwrap().len(), 1, "another memo keeps only what it read");
+        for n in 0..PolicyMemo::KEPT + 2 {
+            max(&a, &write(&format!("more{n}.json"), 8));
+        }
+        assert_eq!(a.kept.lock().unwrap().len(), PolicyMemo::KEPT, "bounded");
+        let via_env = a.load(|k| (k == paths::POLICY_ENV).then(|| one.display().to_string())).unwrap();
+        assert_eq!(via_env.max_attachments, 7);
     }
 }

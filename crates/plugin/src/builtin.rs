@@ -37,7 +37,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use plexus_cni::error::Error;
 use plexus_node::files::FileStamp;
+use plexus_node::{Policy, PolicyMemo};
 
 use crate::plugin::{self, About, IDENTIFY_ENV, Plugin};
 
@@ -78,6 +80,8 @@ struct Parent {
     /// Set once an in-process run overran its request's deadline: from then on every delegate is
     /// exec'd (a process can be killed at its deadline, a thread cannot).
     given_up: AtomicBool,
+    /// The node policies its requests named, kept while their files are unchanged.
+    policies: PolicyMemo,
 }
 
 impl std::fmt::Debug for Runner {
@@ -101,7 +105,12 @@ impl Runner {
     /// them, of this build, in `CNI_PATH` (none: every delegate is exec'd). Plugins without a
     /// build are never run in-process.
     pub fn parent(carried: &'static [Builtin]) -> Runner {
-        let parent = Parent { carried, seen: Mutex::default(), given_up: AtomicBool::new(false) };
+        let parent = Parent {
+            carried,
+            seen: Mutex::default(),
+            given_up: AtomicBool::new(false),
+            policies: PolicyMemo::default(),
+        };
         Runner { parent: Some(Arc::new(parent)), runtime: false }
     }
 
@@ -127,6 +136,15 @@ impl Runner {
             && !p.carried.is_empty()
         {
             tracing::error!("{why}: every delegate is exec'd from now on (a process can be killed at its deadline)");
+        }
+    }
+
+    /// The node policy of a request with the environment `getenv` ([`Policy::load`]): a parent's
+    /// runner reads each file again only when it changed.
+    pub fn policy(&self, getenv: impl Fn(&str) -> Option<String>) -> Result<Policy, Error> {
+        match &self.parent {
+            Some(p) => p.policies.load(getenv),
+            None => Policy::load(getenv),
         }
     }
 

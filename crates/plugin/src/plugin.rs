@@ -195,10 +195,9 @@ pub fn dispatch(
         return 0;
     }
     let mut print_version = SpecVersion::LATEST;
-    let outcome = prepare(&getenv, stdin, &mut print_version).and_then(|req| match req {
+    let outcome = prepare(runner, &getenv, stdin, &mut print_version).and_then(|req| match req {
         None => Ok(Some(version_document())),
         Some(mut req) => {
-            req.runner = runner.clone();
             req.log = LogTarget::choose(&req.config, plugin.admin_config(&req), &getenv, &req.policy);
             let _log = logging::init(&req.log, about.name);
             let netns = req.env.netns.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
@@ -237,8 +236,10 @@ fn version_document() -> Value {
     })
 }
 
-/// Validate env and stdin; `None` means VERSION.
+/// Validate env and stdin; `None` means VERSION. The request's delegates run as `runner` says,
+/// and its node policy is read through it.
 fn prepare(
+    runner: &Runner,
     getenv: impl Fn(&str) -> Option<String>,
     stdin: &mut impl Read,
     print_version: &mut SpecVersion,
@@ -274,7 +275,7 @@ fn prepare(
     if matches!(env.command, Command::Add | Command::Del) && !env.netns_override {
         refuse_own_netns(env.netns.as_deref())?;
     }
-    let policy = Policy::load(&getenv)?;
+    let policy = runner.policy(&getenv)?;
     let mut env = env;
     env.deadline = plexus_cni::Deadline::from_env(&getenv, policy.limits.request_timeout());
     // The node policy this plugin runs under is its delegates' too (said outright: a plugin
@@ -297,7 +298,7 @@ fn prepare(
         stdin: raw,
         policy,
         log: LogTarget::default(),
-        runner: Runner::default(),
+        runner: runner.clone(),
         delegated,
     }))
 }

@@ -208,7 +208,7 @@ pub fn forward(socket: &Path, stdin: &[u8]) -> Forwarded {
             }
             // The daemon answers by the request's deadline (and a moment): a daemon that does not
             // (stopped, wedged) is given up a moment later.
-            let deadline = wire::deadline(|k| std::env::var(k).ok());
+            let deadline = wire::deadline(&plexus_plugin::builtin::Runner::default(), |k| std::env::var(k).ok());
             let wait = deadline.remaining() + 2 * wire::OVERRUN_GRACE;
             let mut answer = Vec::new();
             let read = stream.set_read_timeout(Some(wait)).and_then(|()| stream.read_to_end(&mut answer));

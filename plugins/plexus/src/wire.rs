@@ -60,10 +60,11 @@ pub fn forwarded(key: &str) -> bool {
         || plexus_plugin::trace::TRACE_CONTEXT_ENV.iter().any(|(k, _)| *k == key)
 }
 
-/// The deadline of a request with the environment `env`: the node policy's request timeout from
-/// now, or sooner if the environment says so. A policy that cannot be read leaves the default
-/// (the request itself then fails on it).
-pub fn deadline(env: impl Fn(&str) -> Option<String>) -> plexus_cni::Deadline {
-    let limits = plexus_node::Policy::load(&env).map(|p| p.limits).unwrap_or_default();
+/// The deadline of a request with the environment `env`, to be run by `runner`: the node
+/// policy's request timeout from now (the policy read through `runner`), or sooner if the
+/// environment says so. A policy that cannot be read leaves the default (the request itself then
+/// fails on it).
+pub fn deadline(runner: &plexus_plugin::builtin::Runner, env: impl Fn(&str) -> Option<String>) -> plexus_cni::Deadline {
+    let limits = runner.policy(&env).map(|p| p.limits).unwrap_or_default();
     plexus_cni::Deadline::from_env(env, limits.request_timeout())
 }
