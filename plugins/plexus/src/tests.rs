@@ -38,6 +38,12 @@ impl Fake {
     }
 }
 
+/// What a fake delegate's ADD returns: the attachment's interface, nothing else.
+fn interface_named(a: &Attachment) -> Result<(CniResult, Value), Error> {
+    let raw = json!({"cniVersion": "1.0.0", "interfaces": [{"name": a.ifname}]});
+    Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
+}
+
 impl Delegates for Fake {
     fn add(&self, a: &Attachment, _: &DelegateEnv) -> Result<(CniResult, Value), Error> {
         self.calls.lock().unwrap().push((Command::Add, a.network.clone()));
@@ -54,8 +60,7 @@ impl Delegates for Fake {
         if self.refuse_add.contains(&a.network.as_str()) {
             return Err(Error::new(plexus_cni::code::INVALID_NETWORK_CONFIG, format!("{} refused", a.network)));
         }
-        let raw = json!({"cniVersion": "1.0.0", "interfaces": [{"name": a.ifname}]});
-        Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
+        interface_named(a)
     }
 
     fn del(&self, a: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
@@ -222,8 +227,9 @@ impl Gated {
     }
 }
 
-impl Delegates for Gated {
-    fn add(&self, a: &Attachment, _: &DelegateEnv) -> Result<(CniResult, Value), Error> {
+impl Gated {
+    /// A delegate ADD: noted when it starts and ends; `slow`'s waits for [`Gated::release`].
+    fn add(&self, a: &Attachment) {
         self.started.lock().unwrap().push(a.network.clone());
         self.changed.notify_all();
         if a.network == "slow" {
@@ -232,8 +238,17 @@ impl Delegates for Gated {
         }
         self.ended.lock().unwrap().push(a.network.clone());
         self.changed.notify_all();
-        let raw = json!({"cniVersion": "1.0.0", "interfaces": [{"name": a.ifname}]});
-        Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
+    }
+}
+
+/// Delegates whose ADD runs the closure, then returns the attachment's interface; DEL and CHECK
+/// succeed.
+struct AddsOnly<F>(F);
+
+impl<F: Fn(&Attachment) + Send + Sync> Delegates for AddsOnly<F> {
+    fn add(&self, a: &Attachment, _: &DelegateEnv) -> Result<(CniResult, Value), Error> {
+        (self.0)(a);
+        interface_named(a)
     }
 
     fn del(&self, _: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
@@ -266,7 +281,8 @@ fn the_device_move_turn_is_held_for_a_pods_moves_only_not_for_a_slow_delegate_be
     std::thread::scope(|s| {
         let pod = s.spawn(|| {
             let mut undo = Undo::new();
-            attach_all(&mut state, true, &Pod::default(), &env(), &cache_path, &mut undo, &gated).map(|r| r.len())
+            let delegates = AddsOnly(|a: &Attachment| gated.add(a));
+            attach_all(&mut state, true, &Pod::default(), &env(), &cache_path, &mut undo, &delegates).map(|r| r.len())
         });
         // The pod's port has moved and its slow delegate still runs: the node's turn comes free
         // for another pod's moves (it was held for the whole group, until the slow one ended).
@@ -456,30 +472,6 @@ fn writing_multus_cache_into_plexus_own_cache_directory_is_refused_naming_the_ke
 /// When a pod's delegate ADD started and ended.
 type Ran = Arc<Mutex<Vec<(&'static str, std::time::Instant, std::time::Instant)>>>;
 
-/// Delegates that take 40 ms per ADD and note when each of pod `pod`'s ran.
-struct Timed {
-    pod: &'static str,
-    ran: Ran,
-}
-
-impl Delegates for Timed {
-    fn add(&self, a: &Attachment, _: &DelegateEnv) -> Result<(CniResult, Value), Error> {
-        let start = std::time::Instant::now();
-        std::thread::sleep(Duration::from_millis(40));
-        self.ran.lock().unwrap().push((self.pod, start, std::time::Instant::now()));
-        let raw = json!({"cniVersion": "1.0.0", "interfaces": [{"name": a.ifname}]});
-        Ok((CniResult::parse(raw.to_string().as_bytes())?, raw))
-    }
-
-    fn del(&self, _: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn check(&self, _: &Attachment, _: &DelegateEnv) -> Result<(), Error> {
-        Ok(())
-    }
-}
-
 #[test]
 fn pods_moving_whole_devices_take_turns_and_pods_of_other_delegates_do_not_wait() {
     let dir = tempfile::tempdir().unwrap();
@@ -505,7 +497,12 @@ fn pods_moving_whole_devices_take_turns_and_pods_of_other_delegates_do_not_wait(
                     let cache_path = dir.join(pod);
                     cache::save(&cache_path, &state).unwrap();
                     let mut undo = Undo::new();
-                    let delegates = Timed { pod, ran };
+                    // Each ADD takes 40 ms; when each of this pod's ran is noted.
+                    let delegates = AddsOnly(|_: &Attachment| {
+                        let start = std::time::Instant::now();
+                        std::thread::sleep(Duration::from_millis(40));
+                        ran.lock().unwrap().push((pod, start, std::time::Instant::now()));
+                    });
                     attach_all(&mut state, true, &Pod::default(), &env(), &cache_path, &mut undo, &delegates).unwrap();
                     undo.commit();
                 });
