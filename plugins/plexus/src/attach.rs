@@ -1,26 +1,128 @@
-//! Running a pod's delegates: the attachments' ADDs in groups (the cluster network first, then
-//! the others at once, or one after another), each result recorded in the cache; a failed ADD
-//! rolled back, the last group first; DEL of every attachment past failures, the groups in
-//! reverse. The delegates themselves are behind the [`Delegates`] seam, so all of this is
+//! Attaching a pod's planned networks ([`add_pod`]): Multus's checks of the pod's namespace
+//! (it exists; none of the interface names asked for is taken), the delegate cache written before
+//! any delegate runs, the attachments' ADDs in groups (the cluster network first, then the others
+//! at once, or one after another), each result recorded in the cache, the selection's
+//! `default-route`s applied, what the cluster is told recorded — and a failed ADD rolled back,
+//! the last group first. Also DEL of every attachment past failures, the groups in reverse. The
+//! delegates themselves are behind the [`Delegates`] seam, so all of this but the namespace is
 //! tested without root (`tests.rs`).
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use plexus_cni::{CniResult, Error, ErrorList, code};
+use ipnetwork::IpNetwork;
+use plexus_cni::{CniResult, Error, ErrorList, Route, code};
+use plexus_net::{IpFamily, LinkSocket, Netns};
 use plexus_node::{Policy, files};
+use plexus_plugin::Request;
 use plexus_plugin::undo::Undo;
 use serde_json::Value;
 
-use crate::attachment::{Attachment, DelegateEnv};
+use crate::attachment::{self, Attachment, DelegateEnv, Delegates};
 use crate::cache;
-use crate::delegates::Delegates;
-use crate::plan::{self, Pod};
+use crate::conf::MetaConf;
+use crate::multus;
+use crate::pod::Pod;
+
+/// What an ADD attached: the runtime's result (the cluster network's, else all of them
+/// combined), and each attachment with its own result, in order.
+pub(crate) struct Added {
+    pub result: CniResult,
+    pub attachments: Vec<Attachment>,
+    pub results: Vec<CniResult>,
+}
+
+/// ADD the planned `attachments` into the pod: its namespace checked, the cache written before any
+/// delegate runs (a crash from then on leaves what DEL needs), the delegates run, the
+/// `default-route`s applied and `record` told (network-status: a failure there fails the ADD) —
+/// and on any failure, everything undone.
+pub(crate) fn add_pod(
+    req: &Request,
+    conf: &MetaConf,
+    pod: &Pod,
+    base: &DelegateEnv,
+    attachments: Vec<Attachment>,
+    delegates: &dyn Delegates,
+    record: impl FnOnce(&[Attachment], &[CniResult]) -> Result<(), Error>,
+) -> Result<Added, Error> {
+    if attachments.is_empty() {
+        return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
+    }
+    // Before any delegate runs, as Multus: the pod's namespace exists and has none of the
+    // interface names asked for.
+    let pod_netns = PodNetns::open(req.env.netns.as_deref().expect("ADD has CNI_NETNS"))?;
+    pod_netns.refuse_taken_names(&attachments)?;
+    let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
+    let mut state = cache::Cache {
+        version: cache::CACHE_VERSION,
+        container_id: req.env.container_id.clone(),
+        netns: req.env.netns.clone(),
+        pod_ref: pod.reference(),
+        attachments,
+    };
+    cache::create(&cache_path, &state)?;
+    let mut undo = Undo::new();
+    undo.push(Step::Cache(cache_path.clone()));
+    if conf.write_multus_cache
+        && let Some(dir) = &conf.multus_cache_dir
+    {
+        match multus::write(dir, &req.env.container_id, &state.attachments) {
+            Ok(path) => undo.push(Step::Cache(path)),
+            Err(e) => return Err(roll_back(undo, e, &state.attachments, base, &req.policy, delegates)),
+        }
+    }
+    // The delegates' ADDs end early enough for their DELs (a rollback) to run in what is left.
+    let mut add_env = base.clone();
+    add_env.cni.deadline = base.cni.deadline.keeping_for_undo();
+    let attached = attach_all(&mut state, conf.parallel, pod, &add_env, &cache_path, &mut undo, delegates).and_then(
+        |mut results| {
+            apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
+                .map_err(|e| e.context("default-route"))?;
+            record(&state.attachments, &results).map_err(|e| e.context("set network-status"))?;
+            Ok(results)
+        },
+    );
+    let results = match attached {
+        Ok(results) => results,
+        Err(e) => return Err(roll_back(undo, e, &state.attachments, base, &req.policy, delegates)),
+    };
+    undo.commit();
+    let result = match state.attachments.iter().position(|a| a.cluster_network) {
+        Some(i) => results[i].clone(),
+        None => attachment::combine(&results),
+    };
+    Ok(Added { result, attachments: state.attachments, results })
+}
+
+/// The selection's `default-route`s applied in the pod; the results that changed are recorded
+/// again in the cache (a later record replaces an earlier one), so CHECK and DEL see them.
+fn apply_default_routes(
+    pod: &PodNetns,
+    cache_path: &Path,
+    attachments: &mut [Attachment],
+    results: &mut [CniResult],
+) -> Result<(), Error> {
+    for i in pod.apply_default_routes(attachments, results)? {
+        let raw = attachments[i].render(&results[i])?;
+        cache::record_result(cache_path, i, &raw)?;
+        attachments[i].result = Some(raw);
+    }
+    Ok(())
+}
+
+/// The device plugin's device-info file of `device` of `resource` (device-info spec §5), if it
+/// wrote one; the name is one path component (the resource name is a NAD's, the device the
+/// kubelet's).
+fn device_plugin_info(resource: &str, device: &str) -> PathBuf {
+    let name = format!("{}-{}-device.json", resource.replace('/', "-"), device.replace('/', "-"));
+    PathBuf::from(plexus_node::paths::DEVICE_INFO_DP_DIR).join(name)
+}
 
 /// The device plugin's device-info, copied where the delegate will look (spec §5); a delegate
 /// that finds none may write its own.
 fn copy_device_info(a: &Attachment) -> Result<(), Error> {
     if let (Some(r), Some(d), Some(f)) = (&a.resource_name, &a.device_id, &a.device_info_file)
-        && let Ok(doc) = std::fs::read(plan::device_plugin_info(r, d))
+        && let Ok(doc) = std::fs::read(device_plugin_info(r, d))
     {
         files::write_private_atomic(f, &doc)?;
     }
@@ -271,5 +373,79 @@ impl std::fmt::Display for Step {
             Step::Cache(p) => write!(f, "remove cache file {}", p.display()),
             Step::Attachments { names, .. } => write!(f, "DEL {}", names.join(", ")),
         }
+    }
+}
+
+/// The pod's namespace.
+struct PodNetns {
+    ns: Netns,
+}
+
+impl PodNetns {
+    /// Open `CNI_NETNS`; a namespace that does not exist fails the ADD before any delegate runs
+    /// (code 8, as the reference plugins answer).
+    fn open(path: &Path) -> Result<PodNetns, Error> {
+        let ns = Netns::open(path).map_err(|e| {
+            Error::new(code::INVALID_NETNS, format!("CNI_NETNS {:?}: {e}", path.display().to_string()))
+                .with_details("the pod's network namespace must exist before ADD")
+        })?;
+        Ok(PodNetns { ns })
+    }
+
+    /// Refuse, before any delegate runs, an attachment whose interface name the pod already has
+    /// (the spec: ADD must fail then; Multus checks it before each delegate).
+    fn refuse_taken_names(&self, attachments: &[Attachment]) -> Result<(), Error> {
+        let names: Vec<&str> = attachments.iter().map(|a| a.ifname.as_str()).collect();
+        let taken = self.ns.existing_links(&names)?;
+        match attachments.iter().find(|a| taken.contains(&a.ifname)) {
+            Some(a) => Err(Error::new(
+                code::IFNAME_TAKEN,
+                format!("network {}: interface {:?} already exists in the container", a.network, a.ifname),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Multus's `default-route`: when any attachment's selection has the key (even empty), every
+    /// attachment's default routes (in the pod and in its result) go, and an attachment that
+    /// names gateways gets one default route per gateway (one per family, checked by the plan).
+    /// Returns the indices of the results that changed.
+    fn apply_default_routes(&self, attachments: &[Attachment], results: &mut [CniResult]) -> Result<Vec<usize>, Error> {
+        if attachments.iter().all(|a| a.default_route.is_none()) {
+            return Ok(Vec::new());
+        }
+        // Only now a netlink socket in the pod (most pods have no default-route).
+        let rt = plexus_net::configure::runtime()?;
+        let sock = {
+            let _in_runtime = rt.enter();
+            LinkSocket::open(&self.ns)?
+        };
+        rt.block_on(async {
+            let mut changed = Vec::new();
+            for (i, (a, result)) in attachments.iter().zip(results.iter_mut()).enumerate() {
+                let Some(link) = sock.link(&a.ifname).await? else { continue };
+                let gateways: &[IpAddr] = a.default_route.as_deref().unwrap_or_default();
+                let before = result.routes.len();
+                result.routes.retain(|r| r.dst.prefix() != 0);
+                let mut touched = result.routes.len() != before;
+                for family in [IpFamily::V4, IpFamily::V6] {
+                    touched |= sock.delete_default_routes(link.index, family).await? > 0;
+                }
+                for gw in gateways {
+                    let any = if gw.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
+                    let dst = IpNetwork::new(any, 0).expect("prefix 0");
+                    let spec = plexus_net::link::RouteSpec::new(dst, Some(*gw), link.index);
+                    sock.add_route(&spec).await.map_err(|e| {
+                        Error::from(e).context(format!("network {}: default route via {gw} on {}", a.network, a.ifname))
+                    })?;
+                    result.routes.push(Route::new(dst, Some(*gw)));
+                    touched = true;
+                }
+                if touched {
+                    changed.push(i);
+                }
+            }
+            Ok(changed)
+        })
     }
 }

@@ -1,22 +1,20 @@
-//! The cluster as the meta-plugin reads and writes it: the pod's selection and UID, NADs, and
-//! network-status — from the Kubernetes API (the daemon's watch caches, or a client of this
-//! invocation's), else `nadDir`, else nowhere.
+//! The cluster as the meta-plugin reads it — the pod's selection and UID, NADs — and the seam it
+//! writes through ([`ClusterView`]: network-status, claim status, events): the Kubernetes API
+//! (the daemon's watch caches, or a client of this invocation's), else `nadDir`, else nowhere.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use plexus_cni::{CniResult, Error};
+use plexus_cni::Error;
 use plexus_k8s::api::{ApiClient, PodInfo};
 use plexus_k8s::claims::ClaimRef;
 use plexus_k8s::events::PodEvent;
 use plexus_k8s::nad::{DirSource, NadSource};
 use plexus_k8s::status::{NetworkStatus, PodRef};
-use plexus_k8s::{K8sError, Nad, status};
+use plexus_k8s::{K8sError, Nad};
 use serde_json::Value;
 
-use crate::attachment::{Attachment, ClaimedDevice};
 use crate::conf::MetaConf;
-use crate::plan::{Pod, SelectionSource};
+use crate::pod::Pod;
 
 /// The cluster as the meta-plugin reads and writes it: the pod (selection and UID), NADs, and
 /// network-status. Thin mode asks the API on every call; the daemon answers from its watch
@@ -62,22 +60,21 @@ impl ClusterView for ApiClient {
     }
 }
 
-/// Where NADs (and the pod's selection) come from: the Kubernetes API (the daemon's caches, or
-/// a client of this invocation's when a kubeconfig or the in-cluster service account is there),
+/// The cluster an invocation reads and writes: the view of the Kubernetes API (the daemon's
+/// caches, or a client of this invocation's when a kubeconfig or the in-cluster service account is
+/// there), where network-status, claim status and events go; and where NADs are read — the API,
 /// else `nadDir` (with the config's `networks`), else nowhere.
-pub(crate) enum Cluster {
-    Api(Arc<dyn ClusterView>),
-    Dir(DirSource),
-    None,
+pub(crate) struct Cluster {
+    pub view: Option<Arc<dyn ClusterView>>,
+    pub nads: Arc<dyn NadSource + Send + Sync>,
 }
 
-impl NadSource for Cluster {
+/// No NADs: an invocation with neither an API nor `nadDir`.
+struct Nowhere;
+
+impl NadSource for Nowhere {
     fn nad(&self, namespace: &str, name: &str) -> Result<Nad, K8sError> {
-        match self {
-            Cluster::Api(api) => api.nad(namespace, name),
-            Cluster::Dir(d) => d.nad(namespace, name),
-            Cluster::None => Err(K8sError::NadNotFound { namespace: namespace.into(), name: name.into() }),
-        }
+        Err(K8sError::NadNotFound { namespace: namespace.into(), name: name.into() })
     }
 }
 
@@ -87,86 +84,67 @@ pub(crate) fn manifest_max_bytes(policy: &plexus_node::Policy) -> u64 {
     16 * policy.limits.nad_config_bytes as u64
 }
 
-pub(crate) fn cluster(
+/// The cluster (the daemon's `view`, else the API, else `nadDir`, else none) and what `pod`
+/// selects in it.
+pub(crate) fn read<'a>(
+    conf: &'a MetaConf,
+    view: Option<&Arc<dyn ClusterView>>,
+    policy: &plexus_node::Policy,
+    pod: &Pod,
+) -> Result<(Cluster, SelectionSource<'a>), Error> {
+    let cluster = connect(conf, view, policy)?;
+    let selection = selection(&cluster, conf, pod)?;
+    Ok((cluster, selection))
+}
+
+/// The cluster alone: the daemon's `view`, else a client of the API, else `nadDir`, else none.
+pub(crate) fn connect(
     conf: &MetaConf,
     view: Option<&Arc<dyn ClusterView>>,
     policy: &plexus_node::Policy,
 ) -> Result<Cluster, Error> {
-    if let Some(view) = view {
-        return Ok(Cluster::Api(view.clone()));
-    }
-    if let Some(api) = ApiClient::connect(conf.kubeconfig.as_deref(), conf.api_timeout())? {
-        return Ok(Cluster::Api(Arc::new(api)));
-    }
-    match &conf.nad_dir {
-        Some(dir) => Ok(Cluster::Dir(DirSource::load(dir, manifest_max_bytes(policy))?)),
-        None => Ok(Cluster::None),
-    }
+    let view = match view {
+        Some(view) => Some(view.clone()),
+        None => ApiClient::connect(conf.kubeconfig.as_deref(), conf.api_timeout())?
+            .map(|api| Arc::new(api) as Arc<dyn ClusterView>),
+    };
+    let nads: Arc<dyn NadSource + Send + Sync> = match (&view, &conf.nad_dir) {
+        (Some(api), _) => api.clone(),
+        (None, Some(dir)) => Arc::new(DirSource::load(dir, manifest_max_bytes(policy))?),
+        (None, None) => Arc::new(Nowhere),
+    };
+    Ok(Cluster { view, nads })
 }
 
-impl Cluster {
-    /// The selection: the pod annotation (API; a pod that is gone selects nothing), else the
-    /// config's `networks`. Checks the pod UID the runtime named, when it named one.
-    pub(crate) fn selection<'a>(&self, conf: &'a MetaConf, pod: &Pod) -> Result<SelectionSource<'a>, Error> {
-        match self {
-            Cluster::Api(api) if !pod.name.is_empty() => match api.pod(&pod.namespace, &pod.name, &pod.uid)? {
-                Some(p) => {
-                    if !pod.uid.is_empty() && !p.uid.is_empty() && p.uid != pod.uid {
-                        return Err(Error::try_again_later(format!(
-                            "pod {}/{}: the API has UID {}, the runtime said {}",
-                            pod.namespace, pod.name, p.uid, pod.uid
-                        )));
-                    }
-                    Ok(SelectionSource::Annotation {
-                        networks: plexus_k8s::api::selection_annotation(&p),
-                        default_network: plexus_k8s::api::default_network_annotation(&p),
-                    })
+/// Where the selection comes from: the pod's annotations (API: `k8s.v1.cni.cncf.io/networks`
+/// and `v1.multus-cni.io/default-network`) or the config's `networks`.
+pub(crate) enum SelectionSource<'a> {
+    Annotation { networks: Option<String>, default_network: Option<String> },
+    Config(Option<&'a str>),
+}
+
+/// The selection: the pod annotation (API; a pod that is gone selects nothing), else the config's
+/// `networks`. Checks the pod UID the runtime named, when it named one.
+fn selection<'a>(cluster: &Cluster, conf: &'a MetaConf, pod: &Pod) -> Result<SelectionSource<'a>, Error> {
+    match &cluster.view {
+        Some(api) if !pod.name.is_empty() => match api.pod(&pod.namespace, &pod.name, &pod.uid)? {
+            Some(p) => {
+                if !pod.uid.is_empty() && !p.uid.is_empty() && p.uid != pod.uid {
+                    return Err(Error::try_again_later(format!(
+                        "pod {}/{}: the API has UID {}, the runtime said {}",
+                        pod.namespace, pod.name, p.uid, pod.uid
+                    )));
                 }
-                // Unlike Multus (a fake result, nothing attached): a pod the API does not know
-                // (a static pod before its mirror pod exists, or one already deleted) still gets
-                // the cluster and default networks, only no annotation-selected ones.
-                None => Ok(SelectionSource::Annotation { networks: None, default_network: None }),
-            },
-            _ => Ok(SelectionSource::Config(conf.networks.as_deref())),
-        }
-    }
-}
-
-/// network-status for the pod (API only): one element per attachment of its NADs, device-info
-/// included; a DRA claim's device goes to the claim's status instead.
-pub(crate) fn write_status(
-    cluster: &Cluster,
-    pod: &Pod,
-    attachments: &[Attachment],
-    results: &[CniResult],
-) -> Result<(), Error> {
-    let Cluster::Api(api) = cluster else { return Ok(()) };
-    if pod.name.is_empty() {
-        return Ok(());
-    }
-    let mut all = Vec::new();
-    let mut claims: BTreeMap<ClaimRef, Vec<Value>> = BTreeMap::new();
-    for (a, r) in attachments.iter().zip(results) {
-        let info = a
-            .device_info_file
-            .as_ref()
-            .and_then(|f| std::fs::read(f).ok())
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        match &a.claim {
-            Some(c) => {
-                claims.entry(claim_ref(c)).or_default().push(crate::claimed::ready(c, &a.ifname, r, info.as_ref()))
+                Ok(SelectionSource::Annotation {
+                    networks: plexus_k8s::api::selection_annotation(&p),
+                    default_network: plexus_k8s::api::default_network_annotation(&p),
+                })
             }
-            None => all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref())),
-        }
+            // Unlike Multus (a fake result, nothing attached): a pod the API does not know
+            // (a static pod before its mirror pod exists, or one already deleted) still gets
+            // the cluster and default networks, only no annotation-selected ones.
+            None => Ok(SelectionSource::Annotation { networks: None, default_network: None }),
+        },
+        _ => Ok(SelectionSource::Config(conf.networks.as_deref())),
     }
-    api.set_network_status(&pod.status_ref(), &all)?;
-    for (claim, devices) in claims {
-        api.set_claim_status(&claim, &devices)?;
-    }
-    Ok(())
-}
-
-/// The claim a device's status entry goes to.
-pub(crate) fn claim_ref(c: &ClaimedDevice) -> ClaimRef {
-    ClaimRef { namespace: c.namespace.clone(), name: c.name.clone(), uid: c.uid.clone() }
 }

@@ -88,7 +88,7 @@ pub struct MetaConf {
     pub write_multus_cache: bool,
     /// plexus: where plexus's DRA driver (`plexus-daemon --dra`) keeps the claims it prepared:
     /// ADD attaches the devices of the claims reserved for the pod, next to its annotation's
-    /// networks (`crate::claimed`). `null` reads none. The admin's key, as every meta config key.
+    /// networks (`crate::plan`). `null` reads none. The admin's key, as every meta config key.
     #[serde(default = "default_dra_claims_dir")]
     pub dra_claims_dir: Option<PathBuf>,
 }
@@ -165,8 +165,15 @@ impl MetaConf {
         }
     }
 
+    /// [`MetaConf::load`] for an ADD: once the readiness indicator file is there.
+    pub fn for_add(req: &Request) -> Result<MetaConf, Error> {
+        let conf = MetaConf::load(req)?;
+        conf.wait_ready(req.env.deadline)?;
+        Ok(conf)
+    }
+
     /// Wait for the readiness indicator file (ADD), at most until the request's deadline; DEL does not wait.
-    pub fn wait_ready(&self, request: plexus_cni::Deadline) -> Result<(), Error> {
+    fn wait_ready(&self, request: plexus_cni::Deadline) -> Result<(), Error> {
         let Some(file) = &self.readiness_indicator_file else { return Ok(()) };
         let deadline = request.within(READINESS_WAIT).instant();
         while !file.exists() {

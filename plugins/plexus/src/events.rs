@@ -1,14 +1,38 @@
 //! What the meta-plugin tells a pod (`plexus_k8s::events`): an `AddedInterface` event for each
-//! interface an ADD attached, a warning when an ADD failed or a DEL could not release everything.
-//! Best effort, as Multus's: the cluster view writes them (thin mode: at once, in parallel; the
-//! daemon: in the background) and logs what the API did not take.
+//! interface an ADD attached, a warning when an ADD failed or a DEL could not release everything
+//! — and, when an ADD failed, its DRA claims (`status.rs`). Best effort, as Multus's: the cluster
+//! view writes them (thin mode: at once, in parallel; the daemon: in the background) and logs
+//! what the API did not take.
 
 use plexus_cni::{CniResult, Deadline, Error};
 use plexus_k8s::events::PodEvent;
 
 use crate::ClusterView;
+use crate::attach::Added;
 use crate::attachment::Attachment;
-use crate::plan::Pod;
+use crate::conf::MetaConf;
+use crate::pod::Pod;
+use crate::status;
+
+/// After an ADD of `pod` (no API: nothing to tell): an `AddedInterface` per interface it
+/// attached, or the warning of its failure, and then each device of its claims says it is not
+/// ready, and why.
+pub(crate) fn report(
+    view: Option<&dyn ClusterView>,
+    conf: &MetaConf,
+    pod: &Pod,
+    added: Result<&Added, &Error>,
+    deadline: Deadline,
+) {
+    let Some(view) = view else { return };
+    match added {
+        Ok(a) => tell(view, &self::added(pod, &a.attachments, &a.results), deadline),
+        Err(e) => {
+            tell(view, &add_failed(pod, e), deadline);
+            status::claims_failed(view, conf, pod, e);
+        }
+    }
+}
 
 /// Tell the pod `events` (none for a request of no pod), while the request has time left: an
 /// event never holds a request past its deadline.

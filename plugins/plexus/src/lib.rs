@@ -1,54 +1,49 @@
 //! plexus: the Multus-compatible meta-plugin.
 //!
-//! ADD: config → wait for the readiness file → the pod's attachments (cluster network, default
-//! networks, selected NADs; interface names, device IDs, capability args) → write the delegate
-//! cache → the delegates' ADDs (the cluster network first, then the others concurrently, or one
-//! after another with `"parallel": false`; each result recorded) → on failure, DEL every one sent
-//! an ADD, in reverse, and report the first failed network in annotation order with the
-//! delegate's code and message → network-status → the cluster network's result (or all of them
-//! combined, in annotation order).
+//! ADD: the config (once the readiness file is there) → the pod → the cluster and the pod's
+//! selection in it → the plan (cluster network, default networks, selected NADs, the devices of
+//! its DRA claims; interface names, device IDs, capability args) → attached (the pod's namespace
+//! checked, the delegate cache written, the delegates' ADDs — the cluster network first, then the
+//! others concurrently, or one after another with `"parallel": false`; each result recorded —,
+//! default routes, network-status and the claims' status; on failure, DEL every one sent an ADD,
+//! in reverse, and report the first failed network in annotation order with the delegate's code
+//! and message) → the pod told (events) → the cluster network's result (or all of them combined,
+//! in annotation order).
 //! DEL: the cache → (else) the attachments rebuilt from the selection → (else) log and succeed;
 //! every delegate gets its DEL (the reverse of ADD's order, concurrently where ADD was), and the
 //! errors are reported together.
-
 //!
-//! The same code runs in `plexus-daemon` (issue: the node daemon), where the cluster is read from
-//! the daemon's watch caches ([`ClusterView`]) and the shim forwards its request ([`shim`]).
+//! The same code runs in `plexus-daemon`, where the cluster is read from the daemon's watch
+//! caches ([`ClusterView`]) and the shim forwards its request ([`shim`]).
 
 mod attach;
 mod attachment;
 mod cache;
-mod claimed;
 mod cluster;
 mod conf;
-mod delegates;
 mod events;
 mod multus;
 mod plan;
 mod pod;
 pub mod shim;
+mod status;
 pub mod wire;
 
 use std::sync::Arc;
 
-use attach::{Step, attach_all, delete_all, roll_back};
-use attachment::{Attachment, DelegateEnv};
-use cluster::{Cluster, cluster, write_status};
+use attach::delete_all;
+use attachment::{Attachment, Chains, DelegateEnv, Delegates};
 use conf::MetaConf;
-use delegates::{Chains, Delegates};
-use plan::Pod;
 use plexus_cni::{CniResult, Command, Error, ErrorList, code};
-use plexus_k8s::events::PodEvent;
 use plexus_node::files;
 use plexus_plugin::logging;
-use plexus_plugin::undo::Undo;
 use plexus_plugin::{About, Plugin, Request};
-use pod::PodNetns;
+use pod::Pod;
 use serde_json::Value;
 
+pub use attachment::{DelegateCall, Observer, UNKNOWN_TYPE};
 pub use cluster::ClusterView;
 pub use conf::MetaConf as Config;
-pub use delegates::{DelegateCall, Observer, UNKNOWN_TYPE};
 
 /// The meta-plugin's name and version (the shim's and the daemon's).
 pub const ABOUT: About =
@@ -106,20 +101,13 @@ fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> DelegateEnv {
     DelegateEnv { cni: env, runner: req.runner.clone() }
 }
 
-/// The pod's attachments; a network that would run a meta-plugin or one of plexus's binaries that
-/// are not plugins is refused before any runs.
-fn attachments_for(
-    req: &Request,
-    conf: &MetaConf,
-    pod: &Pod,
-    cluster: &Cluster,
-    base: &DelegateEnv,
-) -> Result<Vec<Attachment>, Error> {
-    let attachments = plan::plan(req, conf, pod, cluster, cluster.selection(conf, pod)?)?;
-    for a in &attachments {
-        a.refuse_forbidden_plugins(&base.cni.path)?;
+impl Meta {
+    /// The pod's attachments planned again (DEL without a cache, STATUS, GC): the cluster read,
+    /// its selection planned.
+    fn replan(&self, req: &Request, conf: &MetaConf, pod: &Pod, base: &DelegateEnv) -> Result<Vec<Attachment>, Error> {
+        let (cluster, selection) = cluster::read(conf, self.view.as_ref(), &req.policy, pod)?;
+        plan::plan(req, conf, pod, &*cluster.nads, selection, &base.cni.path)
     }
-    Ok(attachments)
 }
 
 /// Attachments a cache recorded, less any that would run a meta-plugin or a binary that is not a
@@ -147,93 +135,6 @@ fn multus_sandbox(conf: &MetaConf, req: &Request) -> Option<multus::Sandbox> {
     })
 }
 
-/// The selection's `default-route`s applied in the pod; the results that changed are recorded
-/// again in the cache (a later record replaces an earlier one), so CHECK and DEL see them.
-fn apply_default_routes(
-    pod: &PodNetns,
-    cache_path: &std::path::Path,
-    attachments: &mut [Attachment],
-    results: &mut [CniResult],
-) -> Result<(), Error> {
-    for i in pod.apply_default_routes(attachments, results)? {
-        let raw = attachments[i].render(&results[i])?;
-        cache::record_result(cache_path, i, &raw)?;
-        attachments[i].result = Some(raw);
-    }
-    Ok(())
-}
-
-impl Meta {
-    /// ADD once the pod and its cluster are known: the attachments planned, cached, attached
-    /// (rolled back on failure), and the result with the events to tell the pod.
-    fn attach_pod(
-        &self,
-        req: &Request,
-        conf: &MetaConf,
-        pod: &Pod,
-        base: &DelegateEnv,
-        cluster: &Cluster,
-    ) -> Result<(CniResult, Vec<PodEvent>), Error> {
-        let mut state = cache::Cache {
-            version: cache::CACHE_VERSION,
-            container_id: req.env.container_id.clone(),
-            netns: req.env.netns.clone(),
-            pod_ref: pod.reference(),
-            attachments: attachments_for(req, conf, pod, cluster, base)?,
-        };
-        if state.attachments.is_empty() {
-            return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
-        }
-        // Before any delegate runs, as Multus: the pod's namespace exists and has none of the
-        // interface names asked for.
-        let pod_netns = PodNetns::open(req.netns().expect("ADD has CNI_NETNS"))?;
-        pod_netns.refuse_taken_names(&state.attachments)?;
-        let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
-        // A later plexus's cache of this container is neither written over nor, by a rollback,
-        // removed.
-        if let Err(too_new @ cache::Unusable::TooNew(_)) = cache::load(&cache_path) {
-            return Err(too_new.error(&cache_path, code::INTERNAL));
-        }
-        // Before any delegate runs: a crash from here on leaves what DEL needs.
-        cache::save(&cache_path, &state)?;
-        let mut undo = Undo::new();
-        undo.push(Step::Cache(cache_path.clone()));
-        if conf.write_multus_cache
-            && let Some(dir) = &conf.multus_cache_dir
-        {
-            let written = multus::write(dir, &req.env.container_id, &state.attachments);
-            match written {
-                Ok(path) => undo.push(Step::Cache(path)),
-                Err(e) => return Err(roll_back(undo, e, &state.attachments, base, &req.policy, &*self.delegates)),
-            }
-        }
-        // The delegates' ADDs end early enough for their DELs (a rollback) to run in what is left.
-        let mut add_env = base.clone();
-        add_env.cni.deadline = base.cni.deadline.keeping_for_undo();
-        let delegates = &*self.delegates;
-        let attached = attach_all(&mut state, conf.parallel, pod, &add_env, &cache_path, &mut undo, delegates)
-            .and_then(|mut results| {
-                apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
-                    .map_err(|e| e.context("default-route"))?;
-                write_status(cluster, pod, &state.attachments, &results)
-                    .map_err(|e| e.context("set network-status"))?;
-                Ok(results)
-            });
-        let mut results = match attached {
-            Ok(results) => results,
-            Err(e) => return Err(roll_back(undo, e, &state.attachments, base, &req.policy, delegates)),
-        };
-        undo.commit();
-        let told = events::added(pod, &state.attachments, &results);
-        let cluster_network = state.attachments.iter().position(|a| a.cluster_network);
-        let result = match cluster_network {
-            Some(i) => results.swap_remove(i),
-            None => attachment::combine(&results),
-        };
-        Ok((result, told))
-    }
-}
-
 impl Plugin for Meta {
     fn known_args(&self) -> &'static [&'static str] {
         &["IP", "MAC", "GATEWAY"]
@@ -245,23 +146,22 @@ impl Plugin for Meta {
         !req.delegated
     }
 
+    /// ADD: the config, the pod, the cluster and what the pod selects in it; the plan (its NADs'
+    /// and its claims' attachments); the attachments made (network-status recorded, everything
+    /// undone on failure); what happened told.
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
-        let conf = MetaConf::load(req)?;
-        conf.wait_ready(req.env.deadline)?;
+        let conf = MetaConf::for_add(req)?;
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
-        let cluster = cluster(&conf, self.view.as_ref(), &req.policy)?;
-        let added = self.attach_pod(req, &conf, &pod, &base, &cluster);
-        if let Cluster::Api(api) = &cluster {
-            match &added {
-                Ok((_, told)) => events::tell(api.as_ref(), told, req.env.deadline),
-                Err(e) => {
-                    events::tell(api.as_ref(), &events::add_failed(&pod, e), req.env.deadline);
-                    claimed::tell_failed(api.as_ref(), &conf, &pod, e);
-                }
-            }
-        }
-        added.map(|(result, _)| result)
+        let (cluster, selection) = cluster::read(&conf, self.view.as_ref(), &req.policy, &pod)?;
+        let added = plan::plan(req, &conf, &pod, &*cluster.nads, selection, &base.cni.path).and_then(|attachments| {
+            let record = |attached: &[Attachment], results: &[CniResult]| {
+                status::write_status(&cluster, &pod, attached, results)
+            };
+            attach::add_pod(req, &conf, &pod, &base, attachments, &*self.delegates, record)
+        });
+        events::report(cluster.view.as_deref(), &conf, &pod, added.as_ref(), req.env.deadline);
+        added.map(|a| a.result)
     }
 
     fn del(&self, req: &Request) -> Result<(), Error> {
@@ -299,9 +199,7 @@ impl Plugin for Meta {
                         // A cache that does not parse must not make DEL a no-op (Multus #1087).
                         tracing::error!("delegate cache unreadable, rebuilding the attachments: {why}");
                     }
-                    match cluster(&conf, self.view.as_ref(), &req.policy)
-                        .and_then(|c| attachments_for(req, &conf, &pod, &c, &base))
-                    {
+                    match self.replan(req, &conf, &pod, &base) {
                         Ok(a) => a,
                         Err(e) => {
                             tracing::error!("cannot rebuild the attachments, nothing deleted: {e}");
@@ -327,7 +225,8 @@ impl Plugin for Meta {
         let n = errors.len();
         let deleted = errors.into_result(code::DELEGATE_FAILED, format!("DEL failed for {n} attachment(s)"));
         if let Err(e) = &deleted
-            && let Ok(Cluster::Api(api)) = cluster(&conf, self.view.as_ref(), &req.policy)
+            && let Ok(cluster::Cluster { view: Some(api), .. }) =
+                cluster::connect(&conf, self.view.as_ref(), &req.policy)
         {
             events::tell(api.as_ref(), &events::delete_failed(&pod, e), req.env.deadline);
         }
@@ -357,7 +256,7 @@ impl Plugin for Meta {
         let conf = MetaConf::load(req)?;
         let pod = Pod::default();
         let base = delegate_env(req, &conf, &pod);
-        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref(), &req.policy)?, &base)? {
+        for a in self.replan(req, &conf, &pod, &base)? {
             a.status_or_gc(&base, Command::Status, None)?;
         }
         Ok(())
@@ -425,7 +324,7 @@ impl Plugin for Meta {
             errors.push(String::from("GC"), Error::new(code::INTERNAL, why));
             return errors.into_result(code::DELEGATE_FAILED, "GC could not clean every attachment");
         }
-        for a in attachments_for(req, &conf, &pod, &cluster(&conf, self.view.as_ref(), &req.policy)?, &base)? {
+        for a in self.replan(req, &conf, &pod, &base)? {
             let still: Vec<Value> = kept
                 .iter()
                 .flat_map(|(container_id, attachments)| {

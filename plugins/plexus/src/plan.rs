@@ -1,77 +1,32 @@
 //! Which attachments a pod gets, in order: the cluster network (or the first inline delegate),
-//! the default networks, then the selected networks — each resolved to its delegate config, with
-//! its interface name, device ID and capability arguments.
+//! the default networks, the selected networks, then the devices of its DRA claims — each
+//! resolved to its delegate config, with its interface name, device ID and capability arguments;
+//! refused whole, before anything runs, when it asks for too much or for what never runs as a
+//! delegate.
+//!
+//! A claim's device is a pod's second selection source, next to its annotation: plexus's DRA
+//! driver (`plexus-daemon --dra`) prepared the claims reserved for the pod before its sandbox was
+//! made and kept them in `draClaimsDir`; each device is attached with plexus-host-device (an
+//! exclusive port: the netdev and its RDMA device move into the pod) or plexus-macvlan (a shared
+//! port: a macvlan on it), configured by the claim (`ClaimConfig`), and its result goes to the
+//! claim's status (KEP-4817, `status.rs`) instead of network-status. The same node policy,
+//! rollback, cache and DEL as a NAD's attachment.
 
 use std::path::{Path, PathBuf};
 
 use plexus_cni::Error;
+use plexus_dra::claims::{Prepared, PreparedDevice, Store};
+use plexus_dra::nics::Mode;
 use plexus_k8s::nad::{self, NadSource};
 use plexus_k8s::selection::parse_default_network;
-use plexus_k8s::status::PodRef;
-use plexus_k8s::{DEFAULT_NAMESPACE, K8sError, NetworkSelection, checkpoint, parse_selections, podresources};
+use plexus_k8s::{K8sError, NetworkSelection, checkpoint, parse_selections, podresources};
 use plexus_plugin::Request;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
-use crate::attachment::{Attachment, merge_cni_args};
+use crate::attachment::{Attachment, ClaimedDevice, merge_cni_args};
+use crate::cluster::SelectionSource;
 use crate::conf::MetaConf;
-
-/// The device plugin's device-info file of `device` of `resource` (device-info spec §5), if it
-/// wrote one; the name is one path component (the resource name is a NAD's, the device the
-/// kubelet's).
-pub fn device_plugin_info(resource: &str, device: &str) -> PathBuf {
-    let name = format!("{}-{}-device.json", resource.replace('/', "-"), device.replace('/', "-"));
-    PathBuf::from(plexus_node::paths::DEVICE_INFO_DP_DIR).join(name)
-}
-
-/// The pod, as the runtime names it in `CNI_ARGS`.
-#[derive(Clone, Debug)]
-pub struct Pod {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub infra_container_id: String,
-}
-
-impl Default for Pod {
-    /// No pod (STATUS, GC, standalone use): NADs are looked up in `default`.
-    fn default() -> Pod {
-        Pod {
-            namespace: DEFAULT_NAMESPACE.into(),
-            name: String::new(),
-            uid: String::new(),
-            infra_container_id: String::new(),
-        }
-    }
-}
-
-impl Pod {
-    pub fn from_request(req: &Request) -> Pod {
-        let arg = |k: &str| req.env.args.get(k).unwrap_or_default().to_string();
-        let namespace = arg("K8S_POD_NAMESPACE");
-        Pod {
-            namespace: if namespace.is_empty() { DEFAULT_NAMESPACE.into() } else { namespace },
-            name: arg("K8S_POD_NAME"),
-            uid: arg("K8S_POD_UID"),
-            infra_container_id: arg("K8S_POD_INFRA_CONTAINER_ID"),
-        }
-    }
-
-    /// What its network-status is written to.
-    pub fn status_ref(&self) -> PodRef {
-        PodRef { namespace: self.namespace.clone(), name: self.name.clone(), uid: self.uid.clone() }
-    }
-
-    pub fn reference(&self) -> Option<String> {
-        (!self.name.is_empty()).then(|| format!("{}/{}", self.namespace, self.name))
-    }
-}
-
-/// Where the selection comes from: the pod's annotations (API: `k8s.v1.cni.cncf.io/networks`
-/// and `v1.multus-cni.io/default-network`) or the config's `networks`.
-pub enum SelectionSource<'a> {
-    Annotation { networks: Option<String>, default_network: Option<String> },
-    Config(Option<&'a str>),
-}
+use crate::pod::Pod;
 
 /// A cluster/default network: a NAD name (in `multusNamespace`), a conf name in `confDir`, or a
 /// path to a conf file or a directory (its first conf by name).
@@ -202,12 +157,15 @@ fn kubelet_device(conf: &MetaConf, pod: &Pod, ns: &str, name: &str, resource: &s
 
 /// Every attachment of this pod, in order, with interface names `net1`, `net2`, ... for the
 /// secondaries (an explicit `interface` does not renumber the rest: `a@foo,b` gives foo, net2).
+/// NADs are read from `nads`; a network that would run a meta-plugin or one of plexus's binaries
+/// that are not plugins (found in `cni_path`, where its delegates are) is refused before any runs.
 pub fn plan(
     req: &Request,
     conf: &MetaConf,
     pod: &Pod,
     nads: &dyn NadSource,
     selection: SelectionSource<'_>,
+    cni_path: &[PathBuf],
 ) -> Result<Vec<Attachment>, Error> {
     // A NAD is tenant-written: no larger than the policy allows, wherever it is read from.
     let nads = &nad::SizeCapped { source: nads, max: req.policy.limits.nad_config_bytes };
@@ -217,7 +175,7 @@ pub fn plan(
     let default_networks: &[String] =
         if conf.system_namespaces.contains(&pod.namespace) { &[] } else { &conf.default_networks };
     // Refused before any NAD is read or any delegate runs.
-    let claims = crate::claimed::of_pod(conf, pod);
+    let claims = claims_of(conf, pod);
     let claimed: usize = claims.iter().map(|c| c.devices.len()).sum();
     let asked = usize::from(cluster_network.is_some())
         + conf.delegates.len()
@@ -254,7 +212,7 @@ pub fn plan(
             out.push_claimed(claim, d, conf, nads)?;
         }
     }
-    out.finish()
+    out.finish(cni_path)
 }
 
 /// The selected networks and the default network asked for, from the annotations or the config.
@@ -429,33 +387,124 @@ impl<'r> Planned<'r> {
     /// the interface name it asks for (else the port's), offered a device-info file.
     fn push_claimed(
         &mut self,
-        claim: &plexus_dra::claims::Prepared,
-        d: &plexus_dra::claims::PreparedDevice,
+        claim: &Prepared,
+        d: &PreparedDevice,
         conf: &MetaConf,
         nads: &dyn NadSource,
     ) -> Result<(), Error> {
-        let v = crate::claimed::delegate_conf(claim, d, conf, nads)?;
+        let v = delegate_conf(claim, d, conf, nads)?;
         let device_info_dir = self.req.policy.device_info_dir.clone();
         let container_id = self.req.env.container_id.clone();
-        let network = format!("{}/{}", claim.namespace, crate::claimed::network_name(claim, d));
+        let network = format!("{}/{}", claim.namespace, network_name(claim, d));
         let a = self.push(network, v, false, Map::new(), Some(d.ifname_in_pod().to_string()));
         let file = device_info_dir.join(format!("{}-{container_id}_{}", a.network.replace('/', "-"), a.ifname));
         a.capability_args.insert("CNIDeviceInfoFile".into(), file.display().to_string().into());
         a.device_info_file = Some(file);
-        a.claim = Some(crate::claimed::claimed_device(claim, d));
+        a.claim = Some(claimed_device(claim, d));
         Ok(())
     }
 
-    /// The plan, unless two attachments ask for one interface name.
-    fn finish(self) -> Result<Vec<Attachment>, Error> {
+    /// The plan, unless two attachments ask for one interface name or one would run what is
+    /// never a delegate (found in `cni_path`).
+    fn finish(self, cni_path: &[PathBuf]) -> Result<Vec<Attachment>, Error> {
         let mut seen = std::collections::HashSet::new();
         for a in &self.out {
             if !seen.insert(a.ifname.clone()) {
                 return Err(Error::invalid_config(format!("two attachments ask for interface {:?}", a.ifname)));
             }
+            a.refuse_forbidden_plugins(cni_path)?;
         }
         Ok(self.out)
     }
+}
+
+/// The prepared claims reserved for `pod` (none without `draClaimsDir` or a pod UID).
+pub(crate) fn claims_of(conf: &MetaConf, pod: &Pod) -> Vec<Prepared> {
+    match (&conf.dra_claims_dir, pod.uid.is_empty()) {
+        (Some(dir), false) => Store::new(dir).for_pod(&pod.uid),
+        _ => Vec::new(),
+    }
+}
+
+/// The plugin config of device `d` of `claim`: the NAD its config names (in the claim's
+/// namespace) or a plexus-host-device / plexus-macvlan config of its own, with the allocated port
+/// as its device and the claim's MTU, `multiRail`, IPAM and macvlan mode.
+fn delegate_conf(claim: &Prepared, d: &PreparedDevice, conf: &MetaConf, nads: &dyn NadSource) -> Result<Value, Error> {
+    let plugin_type = match d.mode {
+        Mode::Exclusive => "plexus-host-device",
+        Mode::Shared => "plexus-macvlan",
+    };
+    let mut v = match &d.config.network {
+        Some(name) => nads.nad(&claim.namespace, name)?.cni_config(&conf.conf_dir)?,
+        None => json!({"cniVersion": "1.1.0", "name": network_name(claim, d), "type": plugin_type}),
+    };
+    let plugin = match v.get_mut("plugins").and_then(Value::as_array_mut) {
+        Some(list) => list.first_mut(),
+        None => Some(&mut v),
+    }
+    .and_then(Value::as_object_mut)
+    .ok_or_else(|| {
+        Error::invalid_config(format!("claim {}/{}: its network's config has no plugin", claim.namespace, claim.name))
+    })?;
+    if plugin.get("type").and_then(Value::as_str) != Some(plugin_type) {
+        return Err(Error::invalid_config(format!(
+            "claim {}/{}: device {} is a {} port, attached by {plugin_type}; network {:?} runs {}",
+            claim.namespace,
+            claim.name,
+            d.device,
+            d.mode.as_str(),
+            d.config.network.as_deref().unwrap_or_default(),
+            plugin.get("type").and_then(Value::as_str).unwrap_or("nothing")
+        )));
+    }
+    set_port(plugin, d);
+    if let Some(mtu) = d.config.mtu {
+        plugin.insert("mtu".into(), mtu.into());
+    }
+    if let Some(m) = d.config.multi_rail {
+        plugin.insert("multiRail".into(), m.into());
+    }
+    if let Some(ipam) = &d.config.ipam {
+        plugin.insert("ipam".into(), ipam.clone());
+    }
+    Ok(v)
+}
+
+/// The allocated port as the plugin's device, whatever the NAD said.
+fn set_port(plugin: &mut Map<String, Value>, d: &PreparedDevice) {
+    match d.mode {
+        Mode::Exclusive => {
+            for key in ["pciBusID", "kernelpath", "hwaddr", "deviceID"] {
+                plugin.remove(key);
+            }
+            plugin.insert("device".into(), d.ifname.clone().into());
+        }
+        Mode::Shared => {
+            plugin.insert("master".into(), d.ifname.clone().into());
+            if let Some(mode) = &d.config.macvlan_mode {
+                plugin.insert("mode".into(), mode.clone().into());
+            }
+        }
+    }
+}
+
+/// Which claim's device `d` is.
+pub(crate) fn claimed_device(claim: &Prepared, d: &PreparedDevice) -> ClaimedDevice {
+    ClaimedDevice {
+        namespace: claim.namespace.clone(),
+        name: claim.name.clone(),
+        uid: claim.uid.clone(),
+        pool: d.pool.clone(),
+        device: d.device.clone(),
+        share_id: d.share_id.clone(),
+        rdma_device: d.rdma_device.clone(),
+        pci_address: d.pci_address.clone(),
+    }
+}
+
+/// The CNI network name of a claimed device: `dra-<claim>-<request>` (also its IPAM domain).
+fn network_name(claim: &Prepared, d: &PreparedDevice) -> String {
+    format!("dra-{}-{}", claim.name, d.request.replace('/', "-"))
 }
 
 #[cfg(test)]

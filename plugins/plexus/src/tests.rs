@@ -13,10 +13,10 @@ use plexus_plugin::undo::Undo;
 use serde_json::{Value, json};
 
 use crate::attach::{Step, attach_all, delete_all, roll_back};
+use crate::attachment::Delegates;
 use crate::attachment::{Attachment, DelegateEnv};
 use crate::cache::{self, Cache};
-use crate::delegates::Delegates;
-use crate::plan::Pod;
+use crate::pod::Pod;
 
 /// Delegates that record each call, refuse the networks named, and, with `together` > 1, hold
 /// each secondary ADD until that many run at once (for 2 s at most): the proof that a group runs

@@ -77,7 +77,7 @@ fn a_pods_prepared_claims_are_attached_after_its_annotation_on_their_ports() {
     let conf = MetaConf::load(&req).unwrap();
     let pod = Pod { uid: "pod-uid-1".into(), ..Pod::from_request(&req) };
     let source = SelectionSource::Annotation { networks: Some("net1".into()), default_network: None };
-    let out = plan(&req, &conf, &pod, &n, source).unwrap();
+    let out = plan(&req, &conf, &pod, &n, source, &[]).unwrap();
     let rows: Vec<(&str, &str)> = out.iter().map(|a| (a.network.as_str(), a.ifname.as_str())).collect();
     assert_eq!(
         rows,
@@ -100,11 +100,11 @@ fn a_pods_prepared_claims_are_attached_after_its_annotation_on_their_ports() {
     // Another pod gets none of them; a pod over the policy's maxAttachments with them is refused.
     let other = Pod { uid: "pod-uid-2".into(), ..Pod::from_request(&req) };
     let source = SelectionSource::Annotation { networks: None, default_network: None };
-    assert_eq!(plan(&req, &conf, &other, &n, source).unwrap().len(), 1);
+    assert_eq!(plan(&req, &conf, &other, &n, source, &[]).unwrap().len(), 1);
     let mut tight = request(&meta, "test");
     tight.policy.max_attachments = 3;
     let source = SelectionSource::Annotation { networks: Some("net1".into()), default_network: None };
-    let e = plan(&tight, &conf, &pod, &n, source).unwrap_err();
+    let e = plan(&tight, &conf, &pod, &n, source, &[]).unwrap_err();
     assert!(e.msg.contains("4 attachments asked for"), "{}", e.msg);
 }
 
@@ -120,7 +120,7 @@ fn a_claim_whose_network_runs_another_plugin_than_its_port_needs_is_refused() {
     let conf = MetaConf::load(&req).unwrap();
     let pod = Pod { uid: "pod-uid-1".into(), ..Pod::from_request(&req) };
     let source = SelectionSource::Annotation { networks: None, default_network: None };
-    let e = plan(&req, &conf, &pod, &nads(), source).unwrap_err();
+    let e = plan(&req, &conf, &pod, &nads(), source, &[]).unwrap_err();
     assert!(
         e.msg.contains("device rail1 is a shared port, attached by plexus-macvlan") && e.msg.contains("runs mynet"),
         "{}",

@@ -89,7 +89,7 @@ fn planned(
         networks: networks.map(String::from),
         default_network: default_network.map(String::from),
     };
-    let out = plan(&req, &conf, &pod, &nads(), source).map_err(|e| e.to_string())?;
+    let out = plan(&req, &conf, &pod, &nads(), source, &[]).map_err(|e| e.to_string())?;
     Ok(out
         .into_iter()
         .map(|a| {
@@ -256,6 +256,6 @@ fn cni_args_from_the_annotation_win_over_the_config() {
         networks: Some(r#"[{"name":"args","cni-args":{"args1":"val1a"}}]"#.into()),
         default_network: None,
     };
-    let out = plan(&req, &conf, &Pod::from_request(&req), &n, source).unwrap();
+    let out = plan(&req, &conf, &Pod::from_request(&req), &n, source, &[]).unwrap();
     assert_eq!(out[1].conf["args"]["cni"], json!({"args0": "val0", "args1": "val1a"}));
 }
