@@ -87,6 +87,14 @@ pub struct PodRef {
     pub uid: String,
 }
 
+impl PodRef {
+    /// `namespace/name`, as logs and the meta-plugin's cache name the pod; `None` without a pod
+    /// (a standalone request).
+    pub fn reference(&self) -> Option<String> {
+        (!self.name.is_empty()).then(|| format!("{}/{}", self.namespace, self.name))
+    }
+}
+
 /// The JSON merge patch that sets the annotation on the pod; with the pod's `uid` (not empty)
 /// it applies only to that pod, not to a later one of the same name.
 pub fn annotation_patch(statuses: &[NetworkStatus], uid: &str) -> Value {

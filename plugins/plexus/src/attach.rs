@@ -18,7 +18,7 @@ use plexus_plugin::Request;
 use plexus_plugin::undo::Undo;
 use serde_json::Value;
 
-use crate::attachment::{self, Attachment, DelegateEnv, Delegates};
+use crate::attachment::{Attachment, DelegateEnv, Delegates};
 use crate::cache;
 use crate::conf::MetaConf;
 use crate::multus;
@@ -32,10 +32,15 @@ pub(crate) struct Added {
     pub results: Vec<CniResult>,
 }
 
+/// What an ADD records beside its cache once every delegate succeeded (network-status): a
+/// failure there fails the ADD, and everything is undone.
+pub(crate) trait Record {
+    fn record(&self, attachments: &[Attachment], results: &[CniResult]) -> Result<(), Error>;
+}
+
 /// ADD the planned `attachments` into the pod: its namespace checked, the cache written before any
 /// delegate runs (a crash from then on leaves what DEL needs), the delegates run, the
-/// `default-route`s applied and `record` told (network-status: a failure there fails the ADD) —
-/// and on any failure, everything undone.
+/// `default-route`s applied and `record` told — and on any failure, everything undone.
 pub(crate) fn add_pod(
     req: &Request,
     conf: &MetaConf,
@@ -43,7 +48,7 @@ pub(crate) fn add_pod(
     base: &DelegateEnv,
     attachments: Vec<Attachment>,
     delegates: &dyn Delegates,
-    record: impl FnOnce(&[Attachment], &[CniResult]) -> Result<(), Error>,
+    record: &dyn Record,
 ) -> Result<Added, Error> {
     if attachments.is_empty() {
         return Err(Error::invalid_config("no network to attach: set clusterNetwork, delegates or networks"));
@@ -52,15 +57,14 @@ pub(crate) fn add_pod(
     // interface names asked for.
     let pod_netns = PodNetns::open(req.env.netns.as_deref().expect("ADD has CNI_NETNS"))?;
     pod_netns.refuse_taken_names(&attachments)?;
-    let cache_path = cache::path(&conf.cni_dir, &req.env.container_id);
     let mut state = cache::Cache {
         version: cache::CACHE_VERSION,
         container_id: req.env.container_id.clone(),
         netns: req.env.netns.clone(),
-        pod_ref: pod.reference(),
+        pod_ref: pod.who.reference(),
         attachments,
     };
-    cache::create(&cache_path, &state)?;
+    let cache_path = cache::create(&conf.cni_dir, &state)?;
     let mut undo = Undo::new();
     undo.push(Step::Cache(cache_path.clone()));
     if conf.write_multus_cache
@@ -78,7 +82,7 @@ pub(crate) fn add_pod(
         |mut results| {
             apply_default_routes(&pod_netns, &cache_path, &mut state.attachments, &mut results)
                 .map_err(|e| e.context("default-route"))?;
-            record(&state.attachments, &results).map_err(|e| e.context("set network-status"))?;
+            record.record(&state.attachments, &results).map_err(|e| e.context("set network-status"))?;
             Ok(results)
         },
     );
@@ -89,9 +93,29 @@ pub(crate) fn add_pod(
     undo.commit();
     let result = match state.attachments.iter().position(|a| a.cluster_network) {
         Some(i) => results[i].clone(),
-        None => attachment::combine(&results),
+        None => combine(&results),
     };
     Ok(Added { result, attachments: state.attachments, results })
+}
+
+/// The results of several attachments as one (no cluster network): interfaces concatenated,
+/// addresses re-pointed at them, routes concatenated, the first DNS.
+fn combine(results: &[CniResult]) -> CniResult {
+    let mut all = CniResult::default();
+    for r in results {
+        let offset = all.interfaces.len();
+        all.interfaces.extend(r.interfaces.iter().cloned());
+        for ip in &r.ips {
+            let mut ip = ip.clone();
+            ip.interface = ip.interface.map(|i| i + offset);
+            all.ips.push(ip);
+        }
+        all.routes.extend(r.routes.iter().cloned());
+        if all.dns.is_empty() {
+            all.dns = r.dns.clone();
+        }
+    }
+    all
 }
 
 /// The selection's `default-route`s applied in the pod; the results that changed are recorded
@@ -290,7 +314,7 @@ fn attach(
             let _one = recording.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             cache::record_result(cache_path, i, &raw).map(|()| (result, raw))
         })
-        .map_err(|e| e.context(format!("[{}] adding {}", pod.reference().unwrap_or_default(), a.describe())))
+        .map_err(|e| e.context(format!("[{}] adding {}", pod.who.reference().unwrap_or_default(), a.describe())))
 }
 
 /// DEL every attachment, the groups in reverse (concurrently within one), keeping going past

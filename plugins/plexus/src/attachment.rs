@@ -219,26 +219,6 @@ pub fn merge_cni_args(conf: &mut Value, cni_args: &Map<String, Value>) {
     }
 }
 
-/// The results of several attachments as one (no cluster network): interfaces concatenated,
-/// addresses re-pointed at them, routes concatenated, the first DNS.
-pub fn combine(results: &[CniResult]) -> CniResult {
-    let mut all = CniResult::default();
-    for r in results {
-        let offset = all.interfaces.len();
-        all.interfaces.extend(r.interfaces.iter().cloned());
-        for ip in &r.ips {
-            let mut ip = ip.clone();
-            ip.interface = ip.interface.map(|i| i + offset);
-            all.ips.push(ip);
-        }
-        all.routes.extend(r.routes.iter().cloned());
-        if all.dns.is_empty() {
-            all.dns = r.dns.clone();
-        }
-    }
-    all
-}
-
 /// Runs an attachment's delegate.
 pub(crate) trait Delegates: Send + Sync {
     /// ADD: the final result, and as the delegate printed it (for the cache).

@@ -49,14 +49,15 @@ pub fn save(path: &Path, cache: &Cache) -> Result<(), Error> {
     files::replace_private(path, &bytes).map_err(|e| e.context("write delegate cache"))
 }
 
-/// The cache of a container's ADD, written before any of its delegates runs ([`save`]) — unless
-/// a later plexus's cache of it is there: that one is neither written over nor, by a rollback,
-/// removed (code 999).
-pub fn create(path: &Path, cache: &Cache) -> Result<(), Error> {
-    if let Err(too_new @ Unusable::TooNew(_)) = load(path) {
-        return Err(too_new.error(path, plexus_cni::code::INTERNAL));
+/// The cache of a container's ADD in `cni_dir`, written before any of its delegates runs
+/// ([`save`]), and where it is — unless a later plexus's cache of it is there: that one is neither
+/// written over nor, by a rollback, removed (code 999).
+pub fn create(cni_dir: &Path, cache: &Cache) -> Result<PathBuf, Error> {
+    let path = path(cni_dir, &cache.container_id);
+    if let Err(too_new @ Unusable::TooNew(_)) = load(&path) {
+        return Err(too_new.error(&path, plexus_cni::code::INTERNAL));
     }
-    save(path, cache)
+    save(&path, cache).map(|()| path)
 }
 
 /// Appends attachment `index`'s result to the cache [`save`] wrote.

@@ -105,7 +105,7 @@ pub(crate) fn connect(
 ) -> Result<Cluster, Error> {
     let view = match view {
         Some(view) => Some(view.clone()),
-        None => ApiClient::connect(conf.kubeconfig.as_deref(), conf.api_timeout())?
+        None => ApiClient::connect(conf.kubeconfig.as_deref(), conf.api_timeout)?
             .map(|api| Arc::new(api) as Arc<dyn ClusterView>),
     };
     let nads: Arc<dyn NadSource + Send + Sync> = match (&view, &conf.nad_dir) {
@@ -127,12 +127,12 @@ pub(crate) enum SelectionSource<'a> {
 /// `networks`. Checks the pod UID the runtime named, when it named one.
 fn selection<'a>(cluster: &Cluster, conf: &'a MetaConf, pod: &Pod) -> Result<SelectionSource<'a>, Error> {
     match &cluster.view {
-        Some(api) if !pod.name.is_empty() => match api.pod(&pod.namespace, &pod.name, &pod.uid)? {
+        Some(api) if !pod.who.name.is_empty() => match api.pod(&pod.who.namespace, &pod.who.name, &pod.who.uid)? {
             Some(p) => {
-                if !pod.uid.is_empty() && !p.uid.is_empty() && p.uid != pod.uid {
+                if !pod.who.uid.is_empty() && !p.uid.is_empty() && p.uid != pod.who.uid {
                     return Err(Error::try_again_later(format!(
                         "pod {}/{}: the API has UID {}, the runtime said {}",
-                        pod.namespace, pod.name, p.uid, pod.uid
+                        pod.who.namespace, pod.who.name, p.uid, pod.who.uid
                     )));
                 }
                 Ok(SelectionSource::Annotation {

@@ -36,9 +36,10 @@ pub struct MetaConf {
     pub bin_dir: PathBuf,
     #[serde(default)]
     pub namespace_isolation: bool,
-    /// Comma-separated namespaces exempt from isolation (replaces the default `default`).
-    #[serde(default)]
-    pub global_namespaces: Option<String>,
+    /// Comma-separated namespaces exempt from isolation (replaces the default `default`), read
+    /// as a list.
+    #[serde(default = "default_global_namespaces", deserialize_with = "comma_separated")]
+    pub global_namespaces: Vec<String>,
     #[serde(default = "default_system_namespaces")]
     pub system_namespaces: Vec<String>,
     #[serde(default = "default_multus_namespace")]
@@ -53,9 +54,9 @@ pub struct MetaConf {
     /// plexus: the selection (annotation syntax) when there is no pod annotation to read.
     #[serde(default)]
     pub networks: Option<String>,
-    /// plexus: deadline of each Kubernetes API call, in seconds.
-    #[serde(default)]
-    pub api_timeout: Option<f64>,
+    /// plexus: deadline of each Kubernetes API call, in seconds (none or not above 0: 5 s).
+    #[serde(default = "default_api_timeout", deserialize_with = "seconds")]
+    pub api_timeout: Duration,
     /// plexus: the kubelet device-plugin checkpoint (device IDs of `resourceName` NADs), read
     /// when the pod-resources API does not answer.
     #[serde(default)]
@@ -105,6 +106,28 @@ fn default_parallel() -> bool {
     true
 }
 
+fn default_global_namespaces() -> Vec<String> {
+    vec![plexus_k8s::DEFAULT_NAMESPACE.into()]
+}
+
+/// `globalNamespaces`: the namespaces of a comma-separated list (`null`: the default's).
+fn comma_separated<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(match Option::<String>::deserialize(d)? {
+        Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        None => default_global_namespaces(),
+    })
+}
+
+fn default_api_timeout() -> Duration {
+    DEFAULT_API_TIMEOUT
+}
+
+/// `apiTimeout`: seconds; none, not a finite number above 0, or too large: the default.
+fn seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let secs = Option::<f64>::deserialize(d)?;
+    Ok(secs.filter(|t| *t > 0.0).and_then(|t| Duration::try_from_secs_f64(t).ok()).unwrap_or(DEFAULT_API_TIMEOUT))
+}
+
 fn default_conf_dir() -> PathBuf {
     "/etc/cni/multus/net.d".into()
 }
@@ -151,18 +174,6 @@ impl MetaConf {
             )));
         }
         Ok(conf)
-    }
-
-    pub fn api_timeout(&self) -> Duration {
-        self.api_timeout.filter(|t| *t > 0.0).map(Duration::from_secs_f64).unwrap_or(DEFAULT_API_TIMEOUT)
-    }
-
-    /// Namespaces a pod in any namespace may take NADs from under `namespaceIsolation`.
-    pub fn global_namespaces(&self) -> Vec<String> {
-        match &self.global_namespaces {
-            Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            None => vec![plexus_k8s::DEFAULT_NAMESPACE.into()],
-        }
     }
 
     /// [`MetaConf::load`] for an ADD: once the readiness indicator file is there.

@@ -7,9 +7,9 @@
 use plexus_cni::{CniResult, Deadline, Error};
 use plexus_k8s::events::PodEvent;
 
-use crate::ClusterView;
 use crate::attach::Added;
 use crate::attachment::Attachment;
+use crate::cluster::ClusterView;
 use crate::conf::MetaConf;
 use crate::pod::Pod;
 use crate::status;
@@ -50,16 +50,16 @@ pub(crate) fn tell(view: &dyn ClusterView, events: &[PodEvent], deadline: Deadli
 /// One `AddedInterface` per interface of each attachment's result in the pod (the attachment's
 /// own name when its result names none), with the addresses on it.
 pub(crate) fn added(pod: &Pod, attachments: &[Attachment], results: &[CniResult]) -> Vec<PodEvent> {
-    if pod.name.is_empty() {
+    if pod.who.name.is_empty() {
         return Vec::new();
     }
-    let who = pod.status_ref();
+    let who = &pod.who;
     attachments
         .iter()
         .zip(results)
         .map(|(a, r)| {
             let addresses: Vec<String> = r.ips.iter().map(|ip| ip.address.to_string()).collect();
-            PodEvent::added_interface(&who, &a.ifname, &addresses, &a.network)
+            PodEvent::added_interface(who, &a.ifname, &addresses, &a.network)
         })
         .collect()
 }
@@ -67,18 +67,18 @@ pub(crate) fn added(pod: &Pod, attachments: &[Attachment], results: &[CniResult]
 /// The warning of an ADD that failed: its error's message names the network and the cause (its
 /// details — a delegate's output, node paths — stay in the runtime's log).
 pub(crate) fn add_failed(pod: &Pod, e: &Error) -> Vec<PodEvent> {
-    if pod.name.is_empty() {
+    if pod.who.name.is_empty() {
         return Vec::new();
     }
-    vec![PodEvent::add_failed(&pod.status_ref(), &e.msg)]
+    vec![PodEvent::add_failed(&pod.who, &e.msg)]
 }
 
 /// The warning of a DEL that could not release everything, naming each network and its cause.
 pub(crate) fn delete_failed(pod: &Pod, e: &Error) -> Vec<PodEvent> {
-    if pod.name.is_empty() {
+    if pod.who.name.is_empty() {
         return Vec::new();
     }
     // The message says how many; its details name each network with its cause.
     let note = if e.details.is_empty() { e.msg.clone() } else { format!("{}: {}", e.msg, e.details) };
-    vec![PodEvent::delete_failed(&pod.status_ref(), &note)]
+    vec![PodEvent::delete_failed(&pod.who, &note)]
 }

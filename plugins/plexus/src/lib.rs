@@ -91,12 +91,12 @@ fn delegate_env(req: &Request, conf: &MetaConf, pod: &Pod) -> DelegateEnv {
     let mut path = vec![conf.bin_dir.clone()];
     path.extend(req.env.path.iter().filter(|p| **p != conf.bin_dir).cloned());
     env.path = path;
-    if !pod.name.is_empty() {
+    if !pod.who.name.is_empty() {
         env.args.set("IgnoreUnknown", "true");
-        env.args.set("K8S_POD_NAMESPACE", &pod.namespace);
-        env.args.set("K8S_POD_NAME", &pod.name);
+        env.args.set("K8S_POD_NAMESPACE", &pod.who.namespace);
+        env.args.set("K8S_POD_NAME", &pod.who.name);
         env.args.set("K8S_POD_INFRA_CONTAINER_ID", &pod.infra_container_id);
-        env.args.set("K8S_POD_UID", &pod.uid);
+        env.args.set("K8S_POD_UID", &pod.who.uid);
     }
     DelegateEnv { cni: env, runner: req.runner.clone() }
 }
@@ -154,12 +154,9 @@ impl Plugin for Meta {
         let pod = Pod::from_request(req);
         let base = delegate_env(req, &conf, &pod);
         let (cluster, selection) = cluster::read(&conf, self.view.as_ref(), &req.policy, &pod)?;
-        let added = plan::plan(req, &conf, &pod, &*cluster.nads, selection, &base.cni.path).and_then(|attachments| {
-            let record = |attached: &[Attachment], results: &[CniResult]| {
-                status::write_status(&cluster, &pod, attached, results)
-            };
-            attach::add_pod(req, &conf, &pod, &base, attachments, &*self.delegates, record)
-        });
+        let record = status::Recorded { cluster: &cluster, pod: &pod };
+        let added = plan::plan(req, &conf, &pod, &*cluster.nads, selection, &base.cni.path)
+            .and_then(|attachments| attach::add_pod(req, &conf, &pod, &base, attachments, &*self.delegates, &record));
         events::report(cluster.view.as_deref(), &conf, &pod, added.as_ref(), req.env.deadline);
         added.map(|a| a.result)
     }

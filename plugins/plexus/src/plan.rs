@@ -117,15 +117,16 @@ fn kubelet_device(conf: &MetaConf, pod: &Pod, ns: &str, name: &str, resource: &s
     };
     // The kubelet's pod-resources API first (by pod name), then its checkpoint file (by UID).
     let socket = conf.pod_resources_socket.clone().unwrap_or_else(|| podresources::DEFAULT_SOCKET.into());
-    let from_api = match pod.name.is_empty() {
+    let from_api = match pod.who.name.is_empty() {
         true => None,
-        false => match podresources::device_ids(&socket, &pod.namespace, &pod.name, resource, conf.api_timeout()) {
+        false => match podresources::device_ids(&socket, &pod.who.namespace, &pod.who.name, resource, conf.api_timeout)
+        {
             Ok(Some((ids, source))) => {
                 tracing::debug!(?source, resource, ?ids, "devices from the kubelet's pod-resources API");
                 Some((ids, format!("pod-resources {}", socket.display())))
             }
             Ok(None) => {
-                tracing::info!(pod = %pod.name, "the kubelet's pod-resources API does not list the pod: reading its checkpoint");
+                tracing::info!(pod = %pod.who.name, "the kubelet's pod-resources API does not list the pod: reading its checkpoint");
                 None
             }
             Err(e) => {
@@ -137,20 +138,20 @@ fn kubelet_device(conf: &MetaConf, pod: &Pod, ns: &str, name: &str, resource: &s
     let (ids, source) = match from_api {
         Some(found) => found,
         None => {
-            if pod.uid.is_empty() {
+            if pod.who.uid.is_empty() {
                 return Err(refused(
                     "the runtime named no pod UID (K8S_POD_UID) to look the kubelet's allocation up".into(),
                 ));
             }
             let cp = conf.kubelet_checkpoint.clone().unwrap_or_else(|| checkpoint::DEFAULT_CHECKPOINT.into());
-            (checkpoint::device_ids(&cp, &pod.uid, resource)?, cp.display().to_string())
+            (checkpoint::device_ids(&cp, &pod.who.uid, resource)?, cp.display().to_string())
         }
     };
     ids.get(n).cloned().ok_or_else(|| {
         refused(format!(
             "the kubelet allocated {} to pod {} ({source})",
             ids.len(),
-            pod.reference().unwrap_or_else(|| pod.uid.clone())
+            pod.who.reference().unwrap_or_else(|| pod.who.uid.clone())
         ))
     })
 }
@@ -173,7 +174,7 @@ pub fn plan(
     check_default_routes(&selections)?;
     let cluster_network = conf.cluster_network.as_deref().filter(|c| !c.is_empty());
     let default_networks: &[String] =
-        if conf.system_namespaces.contains(&pod.namespace) { &[] } else { &conf.default_networks };
+        if conf.system_namespaces.contains(&pod.who.namespace) { &[] } else { &conf.default_networks };
     // Refused before any NAD is read or any delegate runs.
     let claims = claims_of(conf, pod);
     let claimed: usize = claims.iter().map(|c| c.devices.len()).sum();
@@ -233,7 +234,7 @@ fn refuse_too_many(req: &Request, pod: &Pod, asked: usize) -> Result<(), Error> 
     }
     Err(Error::invalid_config(format!(
         "pod {}: {asked} attachments asked for, the node policy allows at most {}",
-        pod.reference().unwrap_or_else(|| "(standalone)".into()),
+        pod.who.reference().unwrap_or_else(|| "(standalone)".into()),
         req.policy.max_attachments
     ))
     .with_details(format!("maxAttachments (policy: {})", req.policy.source)))
@@ -251,11 +252,11 @@ fn replacement_network(
     let ns = sel.namespace_or(&conf.multus_namespace).to_string();
     // Unlike Multus, namespace isolation holds here too: the admin's namespace, the pod's own
     // and the global ones only.
-    let globals = conf.global_namespaces();
-    if conf.namespace_isolation && ns != conf.multus_namespace && ns != pod.namespace && !globals.contains(&ns) {
+    let globals = &conf.global_namespaces;
+    if conf.namespace_isolation && ns != conf.multus_namespace && ns != pod.who.namespace && !globals.contains(&ns) {
         return Err(Error::invalid_config(format!(
             "namespace isolation: pod {}/{} may not use network-attachment-definition {ns}/{} as its default network",
-            pod.namespace, pod.name, sel.name
+            pod.who.namespace, pod.who.name, sel.name
         )));
     }
     let v = nads.nad(&ns, &sel.name)?.cni_config(&conf.conf_dir)?;
@@ -328,12 +329,12 @@ impl<'r> Planned<'r> {
         nads: &dyn NadSource,
         devices: &mut DeviceCursor,
     ) -> Result<(), Error> {
-        let ns = sel.namespace_or(&pod.namespace).to_string();
-        let globals = conf.global_namespaces();
-        if conf.namespace_isolation && ns != pod.namespace && !globals.contains(&ns) {
+        let ns = sel.namespace_or(&pod.who.namespace).to_string();
+        let globals = &conf.global_namespaces;
+        if conf.namespace_isolation && ns != pod.who.namespace && !globals.contains(&ns) {
             return Err(Error::invalid_config(format!(
                 "namespace isolation: pod {}/{} may not use network-attachment-definition {ns}/{}",
-                pod.namespace, pod.name, sel.name
+                pod.who.namespace, pod.who.name, sel.name
             ))
             .with_details(format!("allowed: its own namespace and {globals:?}")));
         }
@@ -420,8 +421,8 @@ impl<'r> Planned<'r> {
 
 /// The prepared claims reserved for `pod` (none without `draClaimsDir` or a pod UID).
 pub(crate) fn claims_of(conf: &MetaConf, pod: &Pod) -> Vec<Prepared> {
-    match (&conf.dra_claims_dir, pod.uid.is_empty()) {
-        (Some(dir), false) => Store::new(dir).for_pod(&pod.uid),
+    match (&conf.dra_claims_dir, pod.who.uid.is_empty()) {
+        (Some(dir), false) => Store::new(dir).for_pod(&pod.who.uid),
         _ => Vec::new(),
     }
 }

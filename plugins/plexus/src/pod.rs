@@ -9,9 +9,9 @@ use plexus_plugin::Request;
 /// The pod, as the runtime names it in `CNI_ARGS`.
 #[derive(Clone, Debug)]
 pub struct Pod {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+    /// Its namespace, name and UID: where its NADs are looked up, what its network-status and
+    /// events are written to.
+    pub who: PodRef,
     pub infra_container_id: String,
 }
 
@@ -19,9 +19,7 @@ impl Default for Pod {
     /// No pod (STATUS, GC, standalone use): NADs are looked up in `default`.
     fn default() -> Pod {
         Pod {
-            namespace: DEFAULT_NAMESPACE.into(),
-            name: String::new(),
-            uid: String::new(),
+            who: PodRef { namespace: DEFAULT_NAMESPACE.into(), name: String::new(), uid: String::new() },
             infra_container_id: String::new(),
         }
     }
@@ -32,19 +30,12 @@ impl Pod {
         let arg = |k: &str| req.env.args.get(k).unwrap_or_default().to_string();
         let namespace = arg("K8S_POD_NAMESPACE");
         Pod {
-            namespace: if namespace.is_empty() { DEFAULT_NAMESPACE.into() } else { namespace },
-            name: arg("K8S_POD_NAME"),
-            uid: arg("K8S_POD_UID"),
+            who: PodRef {
+                namespace: if namespace.is_empty() { DEFAULT_NAMESPACE.into() } else { namespace },
+                name: arg("K8S_POD_NAME"),
+                uid: arg("K8S_POD_UID"),
+            },
             infra_container_id: arg("K8S_POD_INFRA_CONTAINER_ID"),
         }
-    }
-
-    /// What its network-status is written to.
-    pub fn status_ref(&self) -> PodRef {
-        PodRef { namespace: self.namespace.clone(), name: self.name.clone(), uid: self.uid.clone() }
-    }
-
-    pub fn reference(&self) -> Option<String> {
-        (!self.name.is_empty()).then(|| format!("{}/{}", self.namespace, self.name))
     }
 }

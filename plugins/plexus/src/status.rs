@@ -10,22 +10,30 @@ use plexus_k8s::claims::ClaimRef;
 use plexus_k8s::status;
 use serde_json::{Value, json};
 
+use crate::attach::Record;
 use crate::attachment::{Attachment, ClaimedDevice};
 use crate::cluster::{Cluster, ClusterView};
 use crate::conf::MetaConf;
 use crate::plan;
 use crate::pod::Pod;
 
+/// What an ADD of `pod` records in `cluster` ([`write_status`]).
+pub(crate) struct Recorded<'a> {
+    pub cluster: &'a Cluster,
+    pub pod: &'a Pod,
+}
+
+impl Record for Recorded<'_> {
+    fn record(&self, attachments: &[Attachment], results: &[CniResult]) -> Result<(), Error> {
+        write_status(self.cluster, self.pod, attachments, results)
+    }
+}
+
 /// network-status for the pod (API only): one element per attachment of its NADs, device-info
 /// included; a DRA claim's device goes to the claim's status instead.
-pub(crate) fn write_status(
-    cluster: &Cluster,
-    pod: &Pod,
-    attachments: &[Attachment],
-    results: &[CniResult],
-) -> Result<(), Error> {
+fn write_status(cluster: &Cluster, pod: &Pod, attachments: &[Attachment], results: &[CniResult]) -> Result<(), Error> {
     let Some(api) = &cluster.view else { return Ok(()) };
-    if pod.name.is_empty() {
+    if pod.who.name.is_empty() {
         return Ok(());
     }
     let mut all = Vec::new();
@@ -41,7 +49,7 @@ pub(crate) fn write_status(
             None => all.extend(status::statuses(&a.network, &a.ifname, r, a.cluster_network, info.as_ref())),
         }
     }
-    api.set_network_status(&pod.status_ref(), &all)?;
+    api.set_network_status(&pod.who, &all)?;
     for (claim, devices) in claims {
         api.set_claim_status(&claim, &devices)?;
     }

@@ -75,7 +75,8 @@ fn a_pods_prepared_claims_are_attached_after_its_annotation_on_their_ports() {
     meta["draClaimsDir"] = json!(dir.path());
     let req = request(&meta, "test");
     let conf = MetaConf::load(&req).unwrap();
-    let pod = Pod { uid: "pod-uid-1".into(), ..Pod::from_request(&req) };
+    let mut pod = Pod::from_request(&req);
+    pod.who.uid = "pod-uid-1".into();
     let source = SelectionSource::Annotation { networks: Some("net1".into()), default_network: None };
     let out = plan(&req, &conf, &pod, &n, source, &[]).unwrap();
     let rows: Vec<(&str, &str)> = out.iter().map(|a| (a.network.as_str(), a.ifname.as_str())).collect();
@@ -98,7 +99,8 @@ fn a_pods_prepared_claims_are_attached_after_its_annotation_on_their_ports() {
     );
     assert_eq!(b.conf["ipam"]["type"], "static");
     // Another pod gets none of them; a pod over the policy's maxAttachments with them is refused.
-    let other = Pod { uid: "pod-uid-2".into(), ..Pod::from_request(&req) };
+    let mut other = Pod::from_request(&req);
+    other.who.uid = "pod-uid-2".into();
     let source = SelectionSource::Annotation { networks: None, default_network: None };
     assert_eq!(plan(&req, &conf, &other, &n, source, &[]).unwrap().len(), 1);
     let mut tight = request(&meta, "test");
@@ -118,7 +120,8 @@ fn a_claim_whose_network_runs_another_plugin_than_its_port_needs_is_refused() {
     meta["draClaimsDir"] = json!(dir.path());
     let req = request(&meta, "test");
     let conf = MetaConf::load(&req).unwrap();
-    let pod = Pod { uid: "pod-uid-1".into(), ..Pod::from_request(&req) };
+    let mut pod = Pod::from_request(&req);
+    pod.who.uid = "pod-uid-1".into();
     let source = SelectionSource::Annotation { networks: None, default_network: None };
     let e = plan(&req, &conf, &pod, &nads(), source, &[]).unwrap_err();
     assert!(
