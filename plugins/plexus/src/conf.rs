@@ -199,3 +199,30 @@ impl MetaConf {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(keys: Value) -> Result<MetaConf, serde_json::Error> {
+        let mut v = serde_json::json!({"cniVersion": "1.0.0", "name": "plexus", "type": "plexus"});
+        v.as_object_mut().unwrap().extend(keys.as_object().unwrap().clone());
+        serde_json::from_value(v)
+    }
+
+    #[test]
+    fn api_timeout_and_global_namespaces_are_read_as_a_duration_and_a_list_with_their_defaults() {
+        let secs = |v: Value| conf(serde_json::json!({"apiTimeout": v})).unwrap().api_timeout;
+        assert_eq!(secs(Value::Null), DEFAULT_API_TIMEOUT);
+        assert_eq!(secs(2.5.into()), Duration::from_millis(2500));
+        for unusable in [0.0, -3.0, 1e300] {
+            assert_eq!(secs(unusable.into()), DEFAULT_API_TIMEOUT, "{unusable}");
+        }
+        assert_eq!(conf(serde_json::json!({})).unwrap().api_timeout, DEFAULT_API_TIMEOUT);
+        let globals = |v: Value| conf(serde_json::json!({"globalNamespaces": v})).unwrap().global_namespaces;
+        assert_eq!(globals("kube-system, team-a,,".into()), ["kube-system", "team-a"]);
+        assert_eq!(globals(Value::Null), ["default"]);
+        assert_eq!(conf(serde_json::json!({})).unwrap().global_namespaces, ["default"]);
+        assert!(conf(serde_json::json!({"apiTimeout": "5"})).is_err(), "a string is no number of seconds");
+    }
+}
