@@ -22,21 +22,12 @@ impl DaemonProcess {
     /// Start `plexus-daemon` in the namespace at `netns` with its socket at `socket` and its log
     /// in `log`, plus `args`; waits until it serves (socket there, /readyz 200).
     pub fn start(netns: &Path, socket: &Path, log: &Path, args: &[&str]) -> DaemonProcess {
-        DaemonProcess::start_with_env(netns, socket, log, args, &[])
+        DaemonProcess::start_binary(&plugin_bin("plexus-daemon"), netns, socket, log, args, &[])
     }
 
-    /// [`DaemonProcess::start`] with `env` in the daemon's environment (besides `PATH`).
-    pub fn start_with_env(
-        netns: &Path,
-        socket: &Path,
-        log: &Path,
-        args: &[&str],
-        env: &[(&str, &Path)],
-    ) -> DaemonProcess {
-        DaemonProcess::start_binary(&plugin_bin("plexus-daemon"), netns, socket, log, args, env)
-    }
-
-    /// [`DaemonProcess::start_with_env`] of the plexus-daemon at `binary` (another release's).
+    /// [`DaemonProcess::start`] of the plexus-daemon at `binary` (this tree's is
+    /// `plugin_bin("plexus-daemon")`, another release's elsewhere), with `env` in its environment
+    /// (besides `PATH`).
     pub fn start_binary(
         binary: &Path,
         netns: &Path,

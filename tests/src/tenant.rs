@@ -149,7 +149,8 @@ impl Node {
     pub fn daemon(&self, args: &[&str], env: &[(&str, &Path)]) -> (DaemonProcess, Value) {
         std::fs::create_dir_all(self.path("run")).unwrap();
         let socket = self.path("run/daemon.sock");
-        let d = DaemonProcess::start_with_env(&self.lab.node.path(), &socket, &self.path("daemon.log"), args, env);
+        let bin = crate::plugin_bin("plexus-daemon");
+        let d = DaemonProcess::start_binary(&bin, &self.lab.node.path(), &socket, &self.path("daemon.log"), args, env);
         let mut meta = self.meta("unused");
         meta["daemonSocket"] = json!(socket);
         meta["logFile"] = json!(self.path("shim.log"));

@@ -101,7 +101,8 @@ impl Node {
     /// delegate's netlink and file work.
     fn daemon_logging_points(&self, args: &[&str]) -> DaemonProcess {
         let points = self.dir.path().join("points");
-        DaemonProcess::start_with_env(
+        DaemonProcess::start_binary(
+            &plugin_bin("plexus-daemon"),
             &self.lab.node.path(),
             &self.socket(),
             &self.dir.path().join("daemon.log"),

@@ -1,5 +1,5 @@
 //! What the meta-plugin tells a pod (`plexus_k8s::events`): an `AddedInterface` event for each
-//! interface an ADD attached, a warning when an ADD failed or a DEL could not release everything
+//! attachment an ADD made, a warning when an ADD failed or a DEL could not release everything
 //! — and, when an ADD failed, its DRA claims (`status.rs`). Best effort, as Multus's: the cluster
 //! view writes them (thin mode: at once, in parallel; the daemon: in the background) and logs
 //! what the API did not take.
@@ -47,8 +47,8 @@ pub(crate) fn tell(view: &dyn ClusterView, events: &[PodEvent], deadline: Deadli
     view.record_events(events, deadline);
 }
 
-/// One `AddedInterface` per interface of each attachment's result in the pod (the attachment's
-/// own name when its result names none), with the addresses on it.
+/// One `AddedInterface` per attachment, named by its interface in the pod, with the addresses
+/// of its result (as Multus words it).
 pub(crate) fn added(pod: &Pod, attachments: &[Attachment], results: &[CniResult]) -> Vec<PodEvent> {
     if pod.who.name.is_empty() {
         return Vec::new();
