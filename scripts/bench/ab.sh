@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 old=${1:?usage: ab.sh OLD_BIN_DIR NEW_BIN_DIR OUT_DIR [RUNS]} new=${2:?} out=${3:?} RUNS=${4:-300}
+mkdir -p "$out"
 REF=/usr/lib/cni
 work=$(mktemp -d)
 node=plxab-n$$ pod=plxab-p$$
