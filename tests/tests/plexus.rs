@@ -456,9 +456,10 @@ fn del_removes_the_cache_temp_files_a_killed_plexus_left_and_succeeds_on_a_read_
 /// <ifname>`, and on a `netN` interface waits (up to 5 s) until `peers` ADDs (DELs) have begun —
 /// they can only all have begun if they run at once — then logs `end <verb> <ifname> <begun>`;
 /// `overlap <verb> <ifname>` when another was running as it began, `prevResult <verb> <ifname>`
-/// when its config carried one. Its ADD result is the address
-/// 198.18.22.N/24 (9 for eth0), after a sleep that makes net1 finish last; a config with
-/// `"fail": true` fails it with code 11.
+/// when its config carried one. When all `peers` began at once, net1 ends only after the others
+/// have (waiting up to 5 s), whatever the machine's load: results must keep annotation order, not
+/// the order of completion. Its ADD result is the address 198.18.22.N/24 (9 for eth0); a config
+/// with `"fail": true` fails it with code 11.
 struct Probe {
     dir: tempfile::TempDir,
 }
@@ -479,8 +480,13 @@ touch "$d/begun-$CNI_COMMAND-$CNI_IFNAME"
 begun() {{ ls "$d" | grep -c "^begun-$CNI_COMMAND-net"; }}
 i=0
 case "$CNI_IFNAME" in net*) while [ "$(begun)" -lt {peers} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done ;; esac
-sleep 0.$((10 - n))
+ended() {{ ls "$d" | grep -c "^ended-$CNI_COMMAND-net"; }}
+i=0
+if [ "$n" = 1 ] && [ "$(begun)" -ge {peers} ]; then
+  while [ "$(ended)" -lt $(({peers} - 1)) ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+fi
 echo "end $CNI_COMMAND $CNI_IFNAME $(begun)" >>"$d/log"
+touch "$d/ended-$CNI_COMMAND-$CNI_IFNAME"
 case "$conf" in *'"prevResult"'*) echo "prevResult $CNI_COMMAND $CNI_IFNAME" >>"$d/log" ;; esac
 [ -z "$own" ] || rmdir "$d/running"
 [ "$CNI_COMMAND" = ADD ] || exit 0
