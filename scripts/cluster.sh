@@ -13,6 +13,15 @@
 #                                  # NODE_NAME_K, NODE_STATE_K (its files; bound over the state
 #                                  # dir's paths inside its mount namespace, so one set of paths
 #                                  # — the chart's — serves every node)
+#   bash scripts/cluster.sh up --hollow N [--nodes K]
+#                                  # N hollow nodes (scripts/lib/hollow.sh; docs/hollow-nodes.md):
+#                                  # Node objects kept by kwok, each its own network namespace
+#                                  # with eight ports and a fake sysfs, the real plexus-daemon, and
+#                                  # one kubelet stand-in for all of them making the CNI calls; on
+#                                  # the control plane alone, or beside K real nodes
+#   bash scripts/cluster.sh hollow-restart K
+#                                  # hollow node K's plexus-daemon restarted; prints the ms from
+#                                  # its start to ready
 #   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
 #   PLEXUS_CLUSTER_SYSFS=DIR bash scripts/cluster.sh up
 #                                  # the CNI plugins read sysfs from DIR (PLEXUS_SYSFS_ROOT)
@@ -64,6 +73,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/packages.sh
+source scripts/lib/roce-sysfs.sh
 top=$(pwd)
 
 # PLEXUS_CLUSTER_SLOT=N: one of several clusters up at once (the tests run three), each with a
@@ -104,6 +114,8 @@ TEST_IMAGE=localhost/plexus-busybox:test
 PAUSE_IMAGE=localhost/plexus-pause:test
 # Made when a cluster made the host's /var/lib/kubelet/device-plugins (shared by all of them).
 made_kubelet_dir=/run/plexus-cluster-made-var-lib-kubelet
+# Hollow nodes (`up --hollow N`): scripts/lib/hollow.sh.
+source scripts/lib/hollow.sh
 
 log() { echo "cluster.sh: $*" >&2; }
 in_node() { ip netns exec "$NODE_NETNS" "$@"; }
@@ -124,7 +136,8 @@ start() {
   echo $! > "$nodedir/pids/$name"
 }
 
-# wait_for NAME SECONDS CMD...: until CMD succeeds, asked five times a second.
+# wait_for NAME SECONDS CMD...: until CMD succeeds, asked five times a second; when it does not,
+# the end of NAME's log (or of the file $wait_log names) is shown.
 wait_for() {
   local what=$1 tries=$(($2 * 5))
   shift 2
@@ -133,7 +146,7 @@ wait_for() {
     sleep 0.2
   done
   log "$what did not come up; its log:"
-  tail -20 "$nodedir/log/$what.log" >&2 || true
+  tail -20 "${wait_log:-$nodedir/log/$what.log}" >&2 || true
   return 1
 }
 
@@ -210,6 +223,7 @@ halt() {
 
 down() {
   local f pid alive root c ns
+  hollow_down
   # The other nodes' daemons first (they are each node's kubelet and containerd), then node 1's.
   for f in "$state"/node-*/pids/kubelet "$state"/node-*/pids/containerd \
     "$state"/pids/{kubelet,containerd,kube-scheduler,kube-controller-manager,kube-apiserver,etcd}; do
@@ -352,8 +366,18 @@ build_images() {
 
 up() {
   [ "$(id -u)" = 0 ] || { log "run as root"; exit 1; }
-  [ "${1:-}" = --nodes ] && NODES=${2:?--nodes N}
-  [[ "$NODES" =~ ^[1-9]$ ]] || { log "--nodes: 1 to 9"; exit 2; }
+  local hollow_nodes=0 nodes=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) nodes=${2:?--nodes N}; shift 2 ;;
+      --hollow) hollow_nodes=${2:?--hollow N}; shift 2 ;;
+      *) log "up: unknown argument $1"; exit 2 ;;
+    esac
+  done
+  # Hollow nodes alone: the control plane without a real node (its namespace is node 1's).
+  NODES=${nodes:-$([ "$hollow_nodes" = 0 ] && echo 1 || echo 0)}
+  [[ "$NODES" =~ ^[0-9]$ ]] && { [ "$NODES" -ge 1 ] || [ "$hollow_nodes" != 0 ]; } ||
+    { log "--nodes: 1 to 9 (0 only with --hollow)"; exit 2; }
   need_packages runc podman busybox-static openssl iproute2 util-linux
   PEERS_BIN=$(bash scripts/peers.sh)
   down
@@ -365,7 +389,7 @@ up() {
   mount --bind "$state" "$state"
   mount --make-private "$state"
   ip netns add "$FABRIC_NETNS"
-  for k in $(seq "$NODES"); do node_namespaces "$k"; done
+  for k in $(seq "$((NODES > 0 ? NODES : 1))"); do node_namespaces "$k"; done
   node_ctx 1
 
   echo "$PEERS_BIN" > "$state/peers-bin"
@@ -416,6 +440,7 @@ EOF
   for crd in "$wb"/doc/crds/whereabouts.cni.cncf.io_*.yaml; do
     in_node "${kubectl[@]}" apply -f "$crd" > /dev/null
   done
+  [ "$hollow_nodes" = 0 ] || hollow_up "$hollow_nodes"
 
   cat << EOF
 KUBECONFIG=$state/admin.kubeconfig
@@ -434,6 +459,7 @@ EOF
     node_ctx "$k"
     printf 'NODE_NETNS_%s=%s\nNODE_NAME_%s=%s\nNODE_STATE_%s=%s\n' "$k" "$NODE_NETNS" "$k" "$NODE_NAME" "$k" "$nodedir"
   done
+  [ "$hollow_nodes" = 0 ] || hollow_keys "$hollow_nodes"
 }
 
 # node_namespaces K: node K's network namespace (k8s0 on the management segment, its eight RoCE
@@ -587,7 +613,7 @@ of_up() {
   NODES=$(cat "$state/nodes")
   local k=1
   [ "${1:-}" = --node ] && k=${2:?--node K}
-  [[ "$k" =~ ^[1-9]$ ]] && [ "$k" -le "$NODES" ] || { log "--node $k: the cluster has $NODES node(s)"; exit 2; }
+  [[ "$k" =~ ^[1-9]$ ]] && { [ "$k" = 1 ] || [ "$k" -le "$NODES" ]; } || { log "--node $k: the cluster has $NODES node(s)"; exit 2; }
   node_ctx "$k"
 }
 
@@ -598,8 +624,9 @@ case "${1:-}" in
   kill) of_up "${@:3}"; halt "${2:?daemon name}" KILL ;;
   start) of_up "${@:3}"; daemon "${2:?daemon name}" ;;
   restart) of_up "${@:3}"; halt "${2:?daemon name}"; daemon "$2" ;;
+  hollow-restart) of_up; hollow_restart "${2:?hollow node}" ;;
   *)
-    echo "usage: bash scripts/cluster.sh up [--nodes N]|down|stop|start|restart|kill DAEMON [--node K]" >&2
+    echo "usage: bash scripts/cluster.sh up [--nodes N] [--hollow N]|down|stop|start|restart|kill DAEMON [--node K]" >&2
     exit 2
     ;;
 esac

@@ -25,7 +25,8 @@
 #   PLEXUS_PEERS_CACHE=/dir bash scripts/peers.sh
 #   bash scripts/peers.sh dranet     # a peer only a benchmark uses: its own bin dir
 #
-# Peers only a benchmark uses (dranet, for scripts/bench/dra.sh) are not in the set the tests use:
+# Peers only a benchmark uses (dranet, for scripts/bench/dra.sh; kwok, for the hollow nodes of
+# `cluster.sh up --hollow`) are not in the set the tests use:
 # `peers.sh MODULE` builds that module alone (cached the same way) and prints its directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,7 @@ declare -A binaries=(
 # Peers of the benchmarks only (`peers.sh MODULE`).
 declare -A bench_binaries=(
   [dranet]="dranet=github.com/google/dranet/cmd/dranet"
+  [kwok]="kwok=sigs.k8s.io/kwok/cmd/kwok"
 )
 # Files of a module the scripts read besides its binaries (module path:dir): whereabouts' CRDs
 # and DaemonSet manifest (scripts/cluster.sh, the benchmarks), Multus's manifests (the

@@ -26,6 +26,7 @@
 #   PODS=16 NICS=8 ROUNDS=3 bash scripts/bench/dra.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/lib/roce-sysfs.sh
 out=${1:?usage: scripts/bench/dra.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -53,16 +54,7 @@ trap cleanup EXIT
 # The ports, and the fake sysfs that makes them ConnectX functions for plexus: 8 PCIe roots of
 # PORTS/8 functions each (NUMA 0 and 1), an RDMA device and uverbs node per function.
 port_name() { printf 'rb%03d' "$1"; }
-for ((n = 0; n < ports; n++)); do
-  name=$(port_name "$n") root=$((n * 8 / ports)) fn=$((n % 8)) slot=$(((n / 8) % 32))
-  bus=$(printf '%02x' $((0x10 * (root + 1) + 1)))
-  pci=$(printf '0000:%s:%02x.%d' "$bus" "$slot" "$fn")
-  dev=$sys/devices/pci0000:$(printf '%02x' $((0x10 * (root + 1))))/$pci
-  mkdir -p "$dev/net/$name" "$dev/infiniband/mlx5_$n" "$dev/infiniband_verbs/uverbs$n" "$sys/bus/pci/devices" "$sys/class/net/$name"
-  echo $((root / 4)) > "$dev/numa_node"
-  ln -s "$dev" "$sys/bus/pci/devices/$pci"
-  ln -s "$dev" "$sys/class/net/$name/device"
-done
+roce_sysfs "$sys" $(for ((n = 0; n < ports; n++)); do port_name "$n"; done)
 
 PLEXUS_CLUSTER_NRI=1 PLEXUS_CLUSTER_SYSFS=$sys bash scripts/cluster.sh up > "$env_file"
 set -a

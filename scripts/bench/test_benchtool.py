@@ -1,4 +1,4 @@
-"""Tests of benchtool.py (run by the test command: tests/tests/scripts.rs)."""
+"""Tests of benchtool.py and scale.py (run by the test command: tests/tests/scripts.rs)."""
 import gzip
 import hashlib
 import io
@@ -10,6 +10,7 @@ import tempfile
 import unittest
 
 import benchtool
+import scale
 
 
 class RbacDocs(unittest.TestCase):
@@ -25,6 +26,28 @@ class RbacDocs(unittest.TestCase):
         self.assertEqual(out.count("---"), 3)
         self.assertNotIn("DaemonSet", out)
         self.assertNotIn("ConfigMap", out)
+
+
+class ScaleDuplicates(unittest.TestCase):
+    def test_an_address_on_two_pods_secondary_interfaces_is_a_duplicate_and_the_cluster_network_is_not_counted(self):
+        status = lambda *ips: json.dumps([{"name": "cluster", "default": True, "ips": ["198.19.128.2"]}]
+                                         + [{"name": f"scale/rail{i}", "ips": [ip]} for i, ip in enumerate(ips)])
+        out = scale.duplicates({"a": status("198.18.0.1", "198.18.8.1"), "b": status("198.18.0.2", "198.18.8.1"),
+                                "c": None})
+        self.assertEqual((out["addresses"], out["duplicates"]), (3, 1))
+        self.assertEqual(out["examples"], {"198.18.8.1": ["a", "b"]})
+
+    def test_spread_is_nearest_rank_and_empty_is_none(self):
+        self.assertEqual(scale.spread(list(range(1, 101))), {"n": 100, "p50": 50, "p99": 99, "max": 100})
+        self.assertEqual(scale.spread([])["p99"], None)
+
+    def test_a_stacks_nads_are_eight_rails_of_its_plugins_with_a_range_each(self):
+        for stack, plugin, ipam in [("plexus", "plexus-macvlan", "plexus-ipam"), ("multus", "macvlan", "whereabouts")]:
+            nads = scale.nads(stack, 0)
+            confs = [json.loads(n["spec"]["config"]) for n in nads]
+            self.assertEqual([n["metadata"]["name"] for n in nads], [f"rail{i}" for i in range(1, 9)])
+            self.assertEqual({(c["type"], c["ipam"]["type"]) for c in confs}, {(plugin, ipam)})
+            self.assertEqual(len({c["ipam"]["range"] for c in confs}), 8)
 
 
 class Allocations(unittest.TestCase):

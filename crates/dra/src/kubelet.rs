@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 
 mod authority;
+pub mod client;
 pub use authority::LocalAuthority;
 
 /// The plugin type the kubelet's DRA manager handles.

@@ -3,6 +3,7 @@
 
 use std::sync::Mutex;
 
+use super::client::call;
 use super::*;
 
 /// Prepares claims named `ok-*` with one device, refuses the others; records every call.
@@ -28,27 +29,6 @@ impl Driver for Recording {
         self.calls.lock().unwrap().push(format!("unprepare {}", claim.uid));
         Ok(())
     }
-}
-
-async fn call<Req, Resp>(socket: &Path, path: &'static str, req: Req) -> Result<Resp, tonic::Status>
-where
-    Req: prost::Message + Send + Sync + 'static,
-    Resp: prost::Message + Default + Send + Sync + 'static,
-{
-    let socket = socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = socket.clone();
-            async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
-        }))
-        .await
-        .expect("connect");
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-    grpc.unary(tonic::Request::new(req), http::uri::PathAndQuery::from_static(path), codec)
-        .await
-        .map(|r| r.into_inner())
 }
 
 fn claim(name: &str, uid: &str) -> Claim {

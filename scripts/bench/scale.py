@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""The pods of the scale benchmark (scripts/bench/scale.sh), driven over the Kubernetes API with
+the admin's token: the 8 NADs of one stack, then P pods per hollow node created at once (16
+clients), each pod's Ready seen on a watch (its time in ms from the moment its create was sent),
+then all of them deleted at once and each one's disappearance seen on the watch. Writes a JSON
+report; nothing here is a verdict.
+
+  scale.py burst  API TOKEN_FILE CA NODES PODS_PER_NODE NADS_JSON OUT_JSON
+  scale.py nads   STACK RANGES_BASE          the 8 NADs of a stack, as a JSON list (stdout)
+
+A pod keeps the default grace period: deleted, it goes once its node released it (the hollow
+nodes' kubelet stand-in ran its DEL), as on a real node.
+"""
+import json
+import ssl
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+NAMESPACE = "scale"
+RAILS = 8
+
+
+def now_ms():
+    return time.time() * 1000.0
+
+
+class Api:
+    def __init__(self, base, token, ca):
+        self.base, self.token = base.rstrip("/"), token
+        self.ctx = ssl.create_default_context(cafile=ca)
+
+    def call(self, method, path, body=None, content_type="application/json", timeout=60):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=timeout) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def stream(self, path):
+        """The lines of a watch."""
+        req = urllib.request.Request(self.base + path)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, context=self.ctx, timeout=3600) as r:
+            for line in r:
+                yield json.loads(line)
+
+
+def nads(stack, base):
+    """The 8 RoCE networks of a stack: a macvlan on each rail's port, addresses from one /21 per
+    rail starting at 198.18.BASE.0, in the stack's IPAM on the Kubernetes API."""
+    out = []
+    for i in range(RAILS):
+        subnet = f"198.18.{base + 8 * i}.0/21"
+        if stack == "plexus":
+            conf = {"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": f"ens{i + 1}f0np0", "mode": "bridge",
+                    "ipam": {"type": "plexus-ipam", "range": subnet, "store": "kubernetes"}}
+        else:
+            conf = {"cniVersion": "1.0.0", "type": "macvlan", "master": f"ens{i + 1}f0np0", "mode": "bridge",
+                    "ipam": {"type": "whereabouts", "range": subnet}}
+        out.append({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                    "metadata": {"name": f"rail{i + 1}", "namespace": NAMESPACE},
+                    "spec": {"config": json.dumps(conf)}})
+    return out
+
+
+def pod(name, node):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         "annotations": {"k8s.v1.cni.cncf.io/networks": ",".join(f"rail{i + 1}" for i in range(RAILS))}},
+            "spec": {"nodeName": node, "tolerations": [{"key": "plexus.dev/hollow", "operator": "Exists"}],
+                     "containers": [{"name": "c", "image": "localhost/plexus-busybox:test"}]}}
+
+
+def ready(p):
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])
+
+
+class Watch:
+    """Every pod of the namespace as the watch reports it: when each was first seen Ready, when
+    each was deleted."""
+
+    def __init__(self, api):
+        self.api, self.ready, self.gone, self.lock = api, {}, {}, threading.Lock()
+        status, lst = api.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
+        self.rv = lst["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while True:
+            try:
+                for ev in self.api.stream(f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&allowWatchBookmarks=true"
+                                          f"&resourceVersion={self.rv}&timeoutSeconds=3000"):
+                    obj, t = ev["object"], now_ms()
+                    self.rv = obj["metadata"].get("resourceVersion", self.rv)
+                    name = obj["metadata"].get("name")
+                    with self.lock:
+                        if ev["type"] in ("ADDED", "MODIFIED") and ready(obj) and name not in self.ready:
+                            self.ready[name] = t
+                        if ev["type"] == "DELETED":
+                            self.gone[name] = t
+            except Exception as e:  # a watch that ended (timeout, EOF) is opened again
+                print(f"scale.py: watch: {e}", file=sys.stderr)
+                time.sleep(0.2)
+
+    def wait(self, what, names, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self.lock:
+                missing = [n for n in names if n not in what]
+            if not missing:
+                return []
+            time.sleep(0.2)
+        return missing
+
+
+def ensure_namespace(api, nad_list):
+    api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for n in nad_list:
+        s, b = api.call("POST", f"/apis/k8s.cni.cncf.io/v1/namespaces/{NAMESPACE}/network-attachment-definitions", n)
+        if s not in (201, 409):
+            raise SystemExit(f"scale.py: NAD {n['metadata']['name']}: {s} {b}")
+
+
+def pct(values, q):
+    values = sorted(values)
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, max(0, -(-int(q * 1000) * len(values) // 1000) - 1))], 1)
+
+
+def spread(values):
+    return {"n": len(values), "p50": pct(values, 0.5), "p99": pct(values, 0.99), "max": pct(values, 1.0)}
+
+
+def burst(api, nodes, per_node, nad_list, timeout=900):
+    ensure_namespace(api, nad_list)
+    watch = Watch(api)
+    names = [(f"p{k}-{j}", f"plexus-hollow-{k}") for k in range(1, nodes + 1) for j in range(per_node)]
+    sent, errors = {}, []
+
+    def create(item):
+        name, node = item
+        sent[name] = now_ms()
+        s, b = api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod(name, node))
+        if s != 201:
+            errors.append(f"create {name}: {s} {b and b.get('message')}")
+
+    t0 = now_ms()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(create, names))
+    created_s = (now_ms() - t0) / 1000
+    missing = watch.wait(watch.ready, [n for n, _ in names], timeout)
+    all_ready_s = (now_ms() - t0) / 1000
+    ready_ms = [watch.ready[n] - sent[n] for n, _ in names if n in watch.ready]
+    statuses = {}
+    s, lst = api.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+    for p in lst["items"]:
+        statuses[p["metadata"]["name"]] = (p["metadata"].get("annotations") or {}).get("k8s.v1.cni.cncf.io/network-status")
+
+    deleted = {}
+
+    def delete(item):
+        name, _ = item
+        deleted[name] = now_ms()
+        s, b = api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+        if s not in (200, 202, 404):
+            errors.append(f"delete {name}: {s}")
+
+    t1 = now_ms()
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(delete, names))
+    not_gone = watch.wait(watch.gone, [n for n, _ in names], timeout)
+    gone_ms = [watch.gone[n] - deleted[n] for n, _ in names if n in watch.gone]
+    return {
+        "pods": len(names), "errors": errors[:20], "error_count": len(errors),
+        "created_s": round(created_s, 2), "all_ready_s": round(all_ready_s, 2),
+        "not_ready": missing[:20], "not_ready_count": len(missing),
+        "ready_ms": spread(ready_ms), "gone_ms": spread(gone_ms),
+        "not_gone_count": len(not_gone), "all_gone_s": round((now_ms() - t1) / 1000, 2),
+        "duplicates": duplicates(statuses),
+    }
+
+
+def duplicates(statuses):
+    """Addresses given to more than one pod's secondary interfaces (from network-status)."""
+    holders = {}
+    for pod_name, status in statuses.items():
+        for net in json.loads(status or "[]"):
+            if net.get("default"):
+                continue
+            for ip in net.get("ips") or []:
+                holders.setdefault(ip, []).append(pod_name)
+    dups = {ip: h for ip, h in holders.items() if len(h) > 1}
+    return {"addresses": len(holders), "duplicates": len(dups), "examples": dict(list(dups.items())[:5])}
+
+
+def main(argv):
+    if argv[1] == "nads":
+        json.dump(nads(argv[2], int(argv[3])), sys.stdout)
+        return
+    api = Api(argv[2], open(argv[3]).read().strip(), argv[4])
+    if argv[1] == "burst":
+        nodes, per_node = int(argv[5]), int(argv[6])
+        report = burst(api, nodes, per_node, json.load(open(argv[7])))
+        json.dump(report, open(argv[8], "w"), indent=1)
+        print(json.dumps(report))
+    else:
+        raise SystemExit(f"scale.py: no subcommand {argv[1]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# plexus at N hollow nodes (scripts/cluster.sh up --hollow N; docs/hollow-nodes.md): for each N,
+# the 8 RoCE networks (8 NADs: plexus-macvlan on each rail's port, plexus-ipam's Kubernetes store
+# on whereabouts' objects, one /21 per rail), PODS pods per node created at once across all nodes
+# with all 8 networks, then deleted at once. Per N:
+#   - CNI ADD and DEL p50/p99 (the kubelet stand-in's timings of the shim's exec), pods Ready
+#     and gone p50/p99 (from the create or delete request to the watch event);
+#   - API requests per pod by plexus's service account (the audit log), and what they were;
+#   - the API server's and etcd's CPU seconds over the burst and their RSS; plexus-daemon's RSS
+#     per node (median and largest); the watches open on the API server;
+#   - ResourceSlice writes per minute at steady state (a minute with nothing asked of the nodes);
+#   - a daemon restarted on a running cluster: from its start to ready (caches synced, slice
+#     published, registered with the stand-in);
+#   - duplicate addresses among the pods' secondary interfaces (must be 0).
+# Writes OUT/scale-N.json and OUT/scale.json (all N); figures, never a pass/fail on time.
+#
+#   bash scripts/bench/scale.sh OUT                 # N = 16 64 128
+#   NODES="8 16" PODS=4 bash scripts/bench/scale.sh OUT
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: scripts/bench/scale.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+NODES=${NODES:-16 64 128}
+PODS=${PODS:-8}
+log() { echo "bench/scale.sh: $*" >&2; }
+
+env_file=$(mktemp)
+cleanup() {
+  bash scripts/cluster.sh down > /dev/null 2>&1 || true
+  rm -f "$env_file"
+}
+trap cleanup EXIT
+
+# cpu PID: its user + system CPU seconds so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+# rss_kib PID: its resident set now (KiB).
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+
+# The shim's ADD or DEL durations (ms) of the timings file's lines FROM..TO, as p50/p99/max.
+cni_spread() { # FILE FROM TO VERB
+  sed -n "$2,$3p" "$1" | python3 -c '
+import json, sys
+sys.path.insert(0, "scripts/bench")
+from scale import spread
+v = [json.loads(l) for l in sys.stdin]
+ok = [x["ms"] for x in v if x["verb"] == sys.argv[1] and not x["error"]]
+print(json.dumps(dict(spread(ok), failed=sum(1 for x in v if x["verb"] == sys.argv[1] and x["error"]))))' "$4"
+}
+
+# What the audit log's lines FROM..TO say plexus's service account asked, per verb and resource.
+audit_of_plexus() { # FROM TO
+  sed -n "$1,$2p" "$state/log/audit.log" | python3 -c '
+import json, sys, collections
+c = collections.Counter()
+for l in sys.stdin:
+    e = json.loads(l)
+    if e["user"]["username"] != "system:serviceaccount:kube-system:plexus":
+        continue
+    r = e.get("objectRef") or {}
+    c[e["verb"] + " " + r.get("resource", "") + ("/" + r["subresource"] if r.get("subresource") else "")] += 1
+print(json.dumps({"total": sum(c.values()), "by": dict(c.most_common())}))'
+}
+
+results=()
+for n in $NODES; do
+  log "$n hollow nodes"
+  bash scripts/cluster.sh up --hollow "$n" > "$env_file"
+  set -a
+  # shellcheck disable=SC1090
+  . "$env_file"
+  set +a
+  state=$(dirname "$KUBECONFIG")
+  kctl() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+  awk -F, 'NR == 1 {print $1}' "$state/pki/tokens.csv" > "$out/.token"
+  api=https://198.18.250.1:6443
+  python3 scripts/bench/scale.py nads plexus 0 > "$out/nads-plexus.json"
+  apiserver=$(cat "$state/pids/kube-apiserver") etcd=$(cat "$state/pids/etcd")
+  watches=$(kctl get --raw /metrics | awk '/^apiserver_longrunning_requests\{.*verb="WATCH"/ {s += $2} END {print s + 0}')
+
+  log "$n nodes: $((n * PODS)) pods at once, then deleted"
+  a0=$(($(wc -l < "$state/log/audit.log") + 1)) t0=$(($(wc -l < "$HOLLOW_TIMINGS" 2> /dev/null || echo 0) + 1))
+  c0_api=$(cpu "$apiserver") c0_etcd=$(cpu "$etcd")
+  ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py burst "$api" "$out/.token" "$state/pki/ca.crt" \
+    "$n" "$PODS" "$out/nads-plexus.json" "$out/scale-$n-burst.json" > /dev/null
+  c1_api=$(cpu "$apiserver") c1_etcd=$(cpu "$etcd")
+  a1=$(wc -l < "$state/log/audit.log") t1=$(wc -l < "$HOLLOW_TIMINGS")
+  daemon_rss=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
+    awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
+
+  log "$n nodes: a minute at steady state"
+  a2=$(($(wc -l < "$state/log/audit.log") + 1))
+  sleep 60
+  a3=$(wc -l < "$state/log/audit.log")
+  slice_writes=$(sed -n "$a2,${a3}p" "$state/log/audit.log" | grep '"resource":"resourceslices"' |
+    grep -c -E '"verb":"(create|update|patch|delete)"' || true)
+
+  log "$n nodes: a daemon restarted"
+  ready_ms=$(bash scripts/cluster.sh hollow-restart 1)
+
+  python3 - "$out/scale-$n.json" << EOF
+import json, sys
+burst = json.load(open("$out/scale-$n-burst.json"))
+pods = burst["pods"]
+audit = $(audit_of_plexus "$a0" "$a1")
+json.dump({
+  "nodes": $n, "pods": pods, "networks_per_pod": 8,
+  "cni_add_ms": $(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" ADD),
+  "cni_del_ms": $(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" DEL),
+  "pod_ready_ms": burst["ready_ms"], "pod_gone_ms": burst["gone_ms"],
+  "all_ready_s": burst["all_ready_s"], "not_ready": burst["not_ready_count"], "errors": burst["errors"],
+  "api_requests_per_pod": round(audit["total"] / pods, 2), "api_requests": audit["by"],
+  "apiserver_cpu_s": round($c1_api - $c0_api, 1), "etcd_cpu_s": round($c1_etcd - $c0_etcd, 1),
+  "apiserver_cpu_s_per_pod": round(($c1_api - $c0_api) / pods, 3),
+  "apiserver_rss_mib": round($(rss_kib "$apiserver") / 1024), "etcd_rss_mib": round($(rss_kib "$etcd") / 1024),
+  "daemon_rss": $daemon_rss, "watches_open": $watches,
+  "resourceslice_writes_per_minute": $slice_writes, "daemon_start_to_ready_ms": $ready_ms,
+  "duplicates": burst["duplicates"],
+}, open(sys.argv[1], "w"), indent=1)
+EOF
+  results+=("$out/scale-$n.json")
+  cat "$out/scale-$n.json" >&2
+  bash scripts/cluster.sh down > /dev/null
+done
+python3 -c 'import json, sys; json.dump([json.load(open(f)) for f in sys.argv[2:]], open(sys.argv[1], "w"), indent=1)' \
+  "$out/scale.json" "${results[@]}"
+rm -f "$out/.token"

@@ -1,0 +1,374 @@
+# Hollow nodes for scripts/cluster.sh (`up --hollow N`), as Kubernetes' kubemark makes them: the
+# real node agent — here the real plexus-daemon — against the cluster's one control plane, with
+# what needs a machine stood in for (docs/hollow-nodes.md says what is real and what is not).
+# Each hollow node K (plexus-hollow-K) has:
+# - a Node object kept Ready by kwok (one process for all of them; its node lease), which also
+#   keeps its pods' status: a pod is Ready once the kubelet stand-in's ADD succeeded and deleted
+#   once its DEL ran (the stages below wait for the stand-in's annotations);
+# - a network namespace ($NODE1_NETNS-hK): hk0 on the management bridge (198.18.224.0/20, the
+#   apiserver reached through node 1's k8s0) and eight RoCE ports ens1f0np0..ens8f0np0 (veth
+#   pairs, MTU 9000, their peers r1..r8 in the same namespace), made ConnectX functions by a fake
+#   sysfs of its own;
+# - plexus-daemon in that namespace under the node's name (its UTS name too), daemon mode with
+#   its watch caches, in-process delegates, the DRA driver (the stand-in registers it as the
+#   kubelet's plugin watcher does) and its metrics on hk0's address, port 9134;
+# - plexus's conflist (the meta-plugin through the daemon; the cluster network a bridge with
+#   host-local, as the real node's bootstrap network) and node policy (its data and the
+#   kubernetes store's credentials), under $state/hollow/K;
+# and one kubelet stand-in (plexus-test-hollow-kubelet) serves every hollow node: a pod watch
+# per node, a sandbox namespace and the CNI ADD and DEL through the `plexus` shim for its pods.
+# The plexus binaries are the shipped build (scripts/build-release.sh) unless PLEXUS_HOLLOW_BIN
+# names a directory holding them, and the stand-in is built with them unless
+# PLEXUS_HOLLOW_KUBELET names it.
+
+HOLLOW_NET=198.18.224.0/20
+HOLLOW_PORTS="ens1f0np0 ens2f0np0 ens3f0np0 ens4f0np0 ens5f0np0 ens6f0np0 ens7f0np0 ens8f0np0"
+hollow=$state/hollow
+# The kubelet stand-in's sandbox namespaces: this prefix, then the pod's UID.
+HOLLOW_SANDBOX_PREFIX=plxsb${slot:-d}-
+
+hollow_name() { echo "plexus-hollow-$1"; }
+hollow_netns() { echo "$NODE1_NETNS-h$1"; }
+# The management address of hollow node K: 198.18.224.(K+1) onwards (node 1 is .1).
+hollow_addr() { echo "198.18.$((224 + ($1 + 1) / 256)).$((($1 + 1) % 256))"; }
+
+# hollow_start NAME CMD...: a process of the hollow nodes' (detached, its PID kept for `down`).
+hollow_start() {
+  local name=$1
+  shift
+  setsid "$@" >> "$hollow/log/$name.log" 2>&1 < /dev/null &
+  echo $! > "$hollow/pids/$name"
+}
+
+# hollow_up N: N hollow nodes on the control plane `up` started.
+hollow_up() {
+  local n=$1 k bin kubelet kwok
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 1000 ] || { log "--hollow: 1 to 1000"; exit 2; }
+  mkdir -p "$hollow"/{pids,log,bin}
+  echo "$n" > "$hollow/nodes"
+  kwok=$(bash scripts/peers.sh kwok)/kwok
+  bin=${PLEXUS_HOLLOW_BIN:-} kubelet=${PLEXUS_HOLLOW_KUBELET:-}
+  if [ -z "$bin" ] || [ -z "$kubelet" ]; then
+    source scripts/lib/shipped.sh
+    local built
+    built=$(bash scripts/build-release.sh "${SHIPPED_BUILD[@]}" --bin plexus-test-hollow-kubelet)
+    bin=${bin:-$built} kubelet=${kubelet:-$built/plexus-test-hollow-kubelet}
+  fi
+  cp "$bin"/{plexus,plexus-daemon,plexus-macvlan,plexus-host-device,plexus-ipam} "$hollow/bin/"
+  cp "$PEERS_BIN"/{bridge,host-local,loopback} "$hollow/bin/"
+  cp "$kubelet" "$hollow/plexus-test-hollow-kubelet"
+
+  log "hollow nodes: plexus's service account and RBAC (the chart's), its token"
+  "$PEERS_BIN/helm" template plexus deploy/helm/plexus --namespace kube-system --set mode=daemon --set dra.enabled=true \
+    --set ipamKubernetesStore.enabled=true --show-only templates/serviceaccount.yaml \
+    --show-only templates/rbac.yaml --show-only templates/rbac-ipam-kubernetes.yaml |
+    in_node "${kubectl[@]}" apply -f - > /dev/null
+  kubeconfig "$hollow/plexus.kubeconfig" \
+    "$(in_node "${kubectl[@]}" -n kube-system create token plexus --duration 48h)"
+
+  log "hollow nodes: the management segment"
+  # Node 1's k8s0 joins the fabric's management bridge (with one real node it is not on one) and
+  # gets an address of the hollow nodes' segment.
+  ip -n "$FABRIC_NETNS" link show mgmt > /dev/null 2>&1 || {
+    ip -n "$FABRIC_NETNS" link add mgmt type bridge
+    ip -n "$FABRIC_NETNS" link set mgmt up
+  }
+  ip -n "$FABRIC_NETNS" link set k8s0 master mgmt
+  ip -n "$NODE1_NETNS" addr add "198.18.224.1/20" dev k8s0
+
+  log "hollow nodes: $n namespaces, ports, sysfs, Node objects"
+  for k in $(seq "$n"); do hollow_node "$k"; done
+  for k in $(seq "$n"); do hollow_node_object "$k"; done | in_node "${kubectl[@]}" apply -f - > /dev/null
+
+  log "hollow nodes: kwok"
+  hollow_kwok_config > "$hollow/kwok.yaml"
+  mkdir -p "$hollow/kwok-home"
+  hollow_start kwok env HOME="$hollow/kwok-home" ip netns exec "$NODE1_NETNS" "$kwok" \
+    --config "$hollow/kwok.yaml" --kubeconfig "$state/admin.kubeconfig" \
+    --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --node-lease-duration-seconds 40 \
+    --cidr 198.19.0.0/17
+  wait_log=$hollow/log/kwok.log wait_for "hollow nodes Ready" 120 hollow_nodes_ready "$n"
+
+  log "hollow nodes: plexus-daemon on each"
+  for k in $(seq "$n"); do hollow_daemon "$k"; done
+  hollow_kubelet_config "$n" > "$hollow/kubelet.json"
+  # In node 1's network namespace (the apiserver's address) but the host's mount namespace, where
+  # the sandboxes' namespaces it makes are mounted (`ip netns exec` would give it a mount
+  # namespace of its own, whose mounts the daemons would not see).
+  hollow_start kubelet nsenter --net="/run/netns/$NODE1_NETNS" "$hollow/plexus-test-hollow-kubelet" "$hollow/kubelet.json"
+  for k in $(seq "$n"); do
+    wait_log=$hollow/log/daemon-$k.log wait_for "plexus-daemon on $(hollow_name "$k")" 60 \
+      in_node busybox wget -q -O /dev/null "http://$(hollow_addr "$k"):9134/readyz"
+  done
+}
+
+hollow_nodes_ready() {
+  local ready
+  ready=$(in_node "${kubectl[@]}" get nodes -l plexus.dev/hollow=true \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$')
+  [ "$ready" = "$1" ]
+}
+
+# hollow_node K: node K's namespace, ports, fake sysfs, files.
+hollow_node() {
+  local k=$1 ns dir addr i batch
+  ns=$(hollow_netns "$k") dir=$hollow/$k addr=$(hollow_addr "$k")
+  mkdir -p "$dir"/{net.d,data,devinfo,run,cni,host-local,kubelet,cdi,dev}
+  chmod 700 "$dir"
+  ip netns add "$ns"
+  ip -n "$ns" link add hk0 type veth peer name "h$k" netns "$FABRIC_NETNS"
+  ip -n "$FABRIC_NETNS" link set "h$k" master mgmt up
+  batch="link set lo up
+addr add $addr/20 dev hk0
+link set hk0 up
+route add default dev hk0"
+  for i in $(seq 8); do
+    batch+="
+link add ens${i}f0np0 mtu 9000 type veth peer name r$i mtu 9000
+link set ens${i}f0np0 up
+link set r$i up"
+  done
+  echo "$batch" | ip -n "$ns" -batch -
+  # shellcheck disable=SC2086
+  roce_sysfs "$dir/sys" $HOLLOW_PORTS
+  printf '{"dataRoots": ["%s"], "deviceInfoDir": "%s", "kubernetes": {"kubeconfig": "%s", "namespace": "kube-system"}}\n' \
+    "$dir/data" "$dir/devinfo" "$hollow/plexus.kubeconfig" > "$dir/policy.json"
+  chmod 600 "$dir/policy.json"
+  cat > "$dir/net.d/00-plexus.conflist" << EOF
+{"cniVersion": "1.1.0", "name": "plexus", "plugins": [
+  {"type": "plexus", "kubeconfig": "$hollow/plexus.kubeconfig", "binDir": "$hollow/bin",
+   "daemonSocket": "$dir/run/daemon.sock", "draClaimsDir": "$dir/run/dra-claims", "cniDir": "$dir/cni",
+   "delegates": [{"cniVersion": "1.0.0", "name": "cluster", "plugins": [
+     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+      "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.19.128.0/24"}]], "dataDir": "$dir/host-local"}},
+     {"type": "loopback"}]}]}]}
+EOF
+}
+
+# hollow_node_object K: node K's Node (kwok manages it by its annotation; tainted, so that only
+# pods meant for hollow nodes go there).
+hollow_node_object() {
+  cat << EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $(hollow_name "$1")
+  annotations: {kwok.x-k8s.io/node: fake}
+  labels: {kubernetes.io/hostname: $(hollow_name "$1"), kubernetes.io/os: linux, type: kwok, plexus.dev/hollow: "true"}
+spec:
+  taints: [{key: plexus.dev/hollow, value: "true", effect: NoSchedule}]
+status:
+  addresses: [{type: InternalIP, address: $(hollow_addr "$1")}, {type: Hostname, address: $(hollow_name "$1")}]
+  allocatable: {cpu: "64", memory: 512Gi, pods: "110"}
+  capacity: {cpu: "64", memory: 512Gi, pods: "110"}
+---
+EOF
+}
+
+# hollow_daemon K: plexus-daemon on node K, as the chart's daemon mode with DRA runs it.
+hollow_daemon() {
+  local k=$1 dir=$hollow/$1 name ports
+  name=$(hollow_name "$k") ports=${HOLLOW_PORTS// /,}
+  hollow_start "daemon-$k" env PLEXUS_POLICY="$dir/policy.json" \
+    ip netns exec "$(hollow_netns "$k")" unshare --uts -- sh -c 'echo "$0" > /proc/sys/kernel/hostname && exec "$@"' "$name" \
+    "$hollow/bin/plexus-daemon" --node-name "$name" --kubeconfig "$hollow/plexus.kubeconfig" \
+    --socket "$dir/run/daemon.sock" --status-journal "$dir/run/network-status" \
+    --metrics-address "$(hollow_addr "$k"):9134" --sysfs-root "$dir/sys" \
+    --dra --dra-shared-ports "$ports" --kubelet-dir "$dir/kubelet" --cdi-dir "$dir/cdi" \
+    --dev-root "$dir/dev" --dra-claims-dir "$dir/run/dra-claims"
+}
+
+hollow_kubelet_config() {
+  local k sep=""
+  printf '{"kubeconfig": "%s", "timings": "%s", "netnsPrefix": "%s", "nodes": [\n' \
+    "$state/admin.kubeconfig" "$hollow/cni-timings.jsonl" "$HOLLOW_SANDBOX_PREFIX"
+  for k in $(seq "$1"); do
+    printf '%s{"name": "%s", "netns": "%s", "confFile": "%s", "binDir": "%s", "registry": "%s", "env": {"PLEXUS_POLICY": "%s"}}\n' \
+      "$sep" "$(hollow_name "$k")" "$(hollow_netns "$k")" "$hollow/$k/net.d/00-plexus.conflist" "$hollow/bin" \
+      "$hollow/$k/kubelet/plugins_registry" "$hollow/$k/policy.json"
+    sep=,
+  done
+  echo ']}'
+}
+
+# kwok's stages (kwok's own "fast" node and pod stages and its node heartbeat with a lease),
+# with two changes: a pod becomes Ready only once the stand-in's ADD succeeded
+# (plexus.dev/hollow-sandbox), and a deleted pod goes only once its DEL ran
+# (plexus.dev/hollow-released), as a kubelet's pods do.
+# The node conditions kwok writes (its own template): Ready, the others not under pressure.
+kwok_node_conditions() {
+  cat << 'EOF'
+      {{ $now := Now }}
+      {{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $lastTransitionTime | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+EOF
+}
+
+hollow_kwok_config() {
+  cat << 'EOF'
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: node-initialize}
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+  next:
+    statusTemplate: |
+EOF
+  kwok_node_conditions
+  cat << 'EOF'
+      addresses:
+      {{ YAML .status.addresses 1 }}
+      allocatable:
+      {{ YAML .status.allocatable 1 }}
+      capacity:
+      {{ YAML .status.capacity 1 }}
+      nodeInfo:
+        architecture: amd64
+        containerRuntimeVersion: plexus-hollow
+        kernelVersion: plexus-hollow
+        kubeProxyVersion: plexus-hollow
+        kubeletVersion: plexus-hollow
+        operatingSystem: linux
+      phase: Running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: node-heartbeat-with-lease}
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - {key: '.status.phase', operator: In, values: [Running]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: In, values: ['True']}
+  delay: {durationMilliseconds: 600000, jitterDurationMilliseconds: 610000}
+  next:
+    statusTemplate: |
+EOF
+  kwok_node_conditions
+  cat << 'EOF'
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-ready}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.metadata.annotations["plexus.dev/hollow-sandbox"]', operator: Exists}
+    - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Ready}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: ContainersReady}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        state: {running: {startedAt: {{ $now | Quote }}}}
+      {{ end }}
+      {{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+      {{ with $podIPs }}
+      podIP: {{ index . 0 | Quote }}
+      podIPs:
+      {{ range . }}
+      - ip: {{ . | Quote }}
+      {{ end }}
+      {{ end }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-delete}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: Exists}
+    - {key: '.metadata.annotations["plexus.dev/hollow-released"]', operator: Exists}
+  next:
+    delete: true
+EOF
+}
+
+# hollow_down: every process, namespace and file of the hollow nodes (`down` calls it first).
+hollow_down() {
+  local f ns
+  for f in "$hollow"/pids/*; do
+    [ -f "$f" ] && { kill -TERM -- "-$(cat "$f")" 2> /dev/null || true; }
+  done
+  for _ in $(seq 20); do
+    local alive=0
+    for f in "$hollow"/pids/*; do
+      [ -f "$f" ] && kill -0 -- "-$(cat "$f")" 2> /dev/null && alive=1
+    done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for f in "$hollow"/pids/*; do
+    [ -f "$f" ] && { kill -KILL -- "-$(cat "$f")" 2> /dev/null || true; }
+  done
+  for ns in $(ip netns list | awk -v h="$NODE1_NETNS-h" -v s="$HOLLOW_SANDBOX_PREFIX" \
+    'index($1, h) == 1 || index($1, s) == 1 {print $1}'); do
+    ip netns del "$ns" 2> /dev/null || true
+  done
+  rm -rf "$hollow"
+}
+
+# hollow_keys N: what `up` prints about the hollow nodes.
+hollow_keys() {
+  cat << EOF2
+HOLLOW_NODES=$1
+HOLLOW_DIR=$hollow
+HOLLOW_TIMINGS=$hollow/cni-timings.jsonl
+HOLLOW_SANDBOX_PREFIX=$HOLLOW_SANDBOX_PREFIX
+EOF2
+  for k in $(seq "$1"); do
+    printf 'HOLLOW_NETNS_%s=%s\nHOLLOW_NAME_%s=%s\nHOLLOW_METRICS_%s=%s\n' "$k" "$(hollow_netns "$k")" \
+      "$k" "$(hollow_name "$k")" "$k" "http://$(hollow_addr "$k"):9134"
+  done
+}
+
+# hollow_restart K: node K's plexus-daemon stopped (SIGTERM, waited for) and started again on the
+# running cluster; prints the milliseconds from its start to ready (/readyz: caches synced, slice
+# published, registered by the kubelet stand-in).
+hollow_restart() {
+  local k=$1 f pid t0
+  f=$hollow/pids/daemon-$k
+  [ -f "$f" ] || { log "hollow node $k has no plexus-daemon"; exit 2; }
+  pid=$(cat "$f")
+  kill -TERM -- "-$pid" 2> /dev/null || true
+  for _ in $(seq 300); do
+    kill -0 "$pid" 2> /dev/null || break
+    sleep 0.1
+  done
+  t0=$(date +%s%N)
+  hollow_daemon "$k"
+  for _ in $(seq 3000); do
+    if in_node busybox wget -q -O /dev/null "http://$(hollow_addr "$k"):9134/readyz" 2> /dev/null; then
+      echo $((($(date +%s%N) - t0) / 1000000))
+      return 0
+    fi
+    sleep 0.01
+  done
+  log "plexus-daemon on $(hollow_name "$k") not ready after 30 s"
+  return 1
+}
