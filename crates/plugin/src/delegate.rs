@@ -305,11 +305,16 @@ fn child_env(command: Command, env: &CniEnv, delegated: bool) -> std::io::Result
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    // The trace context, the node policy and the sysfs root are the request's (`env.vars`), never
-    // what this process inherited: a request that names none is delegated naming none, as it was
-    // itself planned (plexus-daemon's own PLEXUS_POLICY is not its requests').
+    // The trace context is the request's (`env.vars`), never what this process inherited. So are
+    // a delegate's node policy and sysfs root: a request that names none is delegated naming
+    // none, as it was itself planned (plexus-daemon's own PLEXUS_POLICY is not its requests').
+    // A runtime's plugins (plexusctl's, as cnitool's) get the runtime's environment, as ever.
     vars.extend(crate::trace::TRACE_CONTEXT_ENV.iter().map(|(k, _)| (k.to_string(), None)));
-    vars.extend([plexus_node::paths::POLICY_ENV, plexus_node::paths::SYSFS_ROOT_ENV].map(|k| (k.to_string(), None)));
+    if delegated {
+        vars.extend(
+            [plexus_node::paths::POLICY_ENV, plexus_node::paths::SYSFS_ROOT_ENV].map(|k| (k.to_string(), None)),
+        );
+    }
     vars.extend(env.vars.iter().map(|(k, v)| (k.clone(), Some(v.clone()))));
     if delegated {
         vars.insert(DELEGATED_ENV.to_string(), Some("1".to_string()));
@@ -674,21 +679,26 @@ mod tests {
     }
 
     #[test]
-    fn a_delegate_runs_under_its_requests_policy_and_sysfs_root_never_what_the_process_inherited() {
+    fn a_delegate_runs_under_its_requests_policy_and_sysfs_root_never_what_the_process_inherited_a_runtimes_plugin_does()
+     {
         use plexus_node::paths::{POLICY_ENV, SYSFS_ROOT_ENV};
         let dir = tempfile::tempdir().unwrap();
         // A request naming neither (plexus-daemon serving a runtime whose environment has none,
         // the daemon's own environment naming its policy): its delegates are told to name none,
         // so an exec'd delegate does not inherit them and an in-process one does not fall back
         // to the process's variables.
-        let vars = child_env(Command::Add, &env_in(dir.path(), Command::Add), false).unwrap();
+        let vars = child_env(Command::Add, &env_in(dir.path(), Command::Add), true).unwrap();
         assert_eq!((vars.get(POLICY_ENV), vars.get(SYSFS_ROOT_ENV)), (Some(&None), Some(&None)));
         // A request naming them: its delegates get exactly those.
         let mut env = env_in(dir.path(), Command::Add);
         env.vars = vec![(POLICY_ENV.into(), "/etc/p.json".into()), (SYSFS_ROOT_ENV.into(), "/fake/sys".into())];
-        let vars = child_env(Command::Add, &env, false).unwrap();
+        let vars = child_env(Command::Add, &env, true).unwrap();
         assert_eq!(vars[POLICY_ENV].as_deref(), Some("/etc/p.json"));
         assert_eq!(vars[SYSFS_ROOT_ENV].as_deref(), Some("/fake/sys"));
+        // A runtime (plexusctl, as cnitool) runs its plugins in its own environment: the admin's
+        // PLEXUS_POLICY reaches them.
+        let vars = child_env(Command::Add, &env_in(dir.path(), Command::Add), false).unwrap();
+        assert_eq!((vars.get(POLICY_ENV), vars.get(SYSFS_ROOT_ENV)), (None, None));
     }
 
     #[test]
