@@ -168,10 +168,24 @@ impl Ctl {
     }
 }
 
+/// The namespace `plexusctl --create-netns` makes, removed when the test ends, also when it fails
+/// before plexusctl's DEL removed it.
+struct ThrowAway(String);
+
+impl Drop for ThrowAway {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 #[test]
 fn create_netns_ipam_list_and_release_status_and_gc() {
     let c = Ctl::new("1.1.0");
-    let name = format!("plxctl{}", std::process::id());
+    let guard = ThrowAway(format!("plxctl{}", std::process::id()));
+    let name = guard.0.clone();
     let (ok, out, err) = c.ctl(&["add", "roce", &name, "--create-netns"]);
     assert!(ok, "{out}{err}");
     assert!(Path::new("/run/netns").join(&name).exists());
