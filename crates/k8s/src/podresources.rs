@@ -112,20 +112,26 @@ pub fn device_ids(
     })
 }
 
+/// A gRPC channel to a kubelet's unix socket (its authority a placeholder: the socket is the
+/// address). The pod-resources client's, and the kubelet's side of plexus's DRA plugin
+/// (`plexus_dra::kubelet::client`).
+pub async fn unix_channel(socket: &std::path::Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://kubelet.invalid")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = socket.clone();
+            async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
+        }))
+        .await
+}
+
 async fn lookup(
     socket: PathBuf,
     namespace: &str,
     name: &str,
     resource: &str,
 ) -> Result<Option<(Vec<String>, Source)>, K8sError> {
-    let connect_to = socket.clone();
-    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = connect_to.clone();
-            async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
-        }))
-        .await
-        .map_err(|e| unavailable(&socket, e))?;
+    let channel = unix_channel(&socket).await.map_err(|e| unavailable(&socket, e))?;
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.map_err(|e| unavailable(&socket, e))?;
     let get = GetPodResourcesRequest { pod_name: name.into(), pod_namespace: namespace.into() };

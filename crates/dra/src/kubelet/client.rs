@@ -13,14 +13,9 @@ where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
 {
-    let socket = socket.to_path_buf();
-    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = socket.clone();
-            async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
-        }))
+    let channel = plexus_k8s::podresources::unix_channel(socket)
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("connect {}: {e}", path)))?;
+        .map_err(|e| tonic::Status::unavailable(format!("connect {}: {e}", socket.display())))?;
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
