@@ -805,12 +805,21 @@ fn on_the_api_server_a_tenants_range_lock_or_pool_never_holds_up_another_pod() {
     assert!(c.whereabouts_object("ippools", "2001-db8-177---64").is_none(), "no pool for it");
     // The node's turn held by a wedged writer: a pod's ADD gives way at its deadline (code 11),
     // and starts once the turn is free (the kubelet's retry).
-    let lock = std::fs::File::open(c.data().join(".plexus-ipam-kubernetes.lock")).unwrap();
-    lock.lock().unwrap();
+    // (Every turn file the node has: one of them is the pool's.)
+    let turns: Vec<std::fs::File> = std::fs::read_dir(c.data().join(".plexus-ipam-kubernetes.spool"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("turn-")))
+        .map(|p| std::fs::File::open(p).unwrap())
+        .collect();
+    assert!(!turns.is_empty(), "the pool's writes took turns");
+    for t in &turns {
+        t.lock().unwrap();
+    }
     c.apply(&c.pod("default", "waits", "fine"));
     c.wait_event("default", "waits", "nothing committed in range 198.18.177.0/24 by this request's deadline");
     assert_eq!(c.pod_json("default", "waits")["status"]["phase"], "Pending");
-    drop(lock);
+    drop(turns);
     c.wait_ready("default", "pod/waits", "180s");
     // Pools: once the namespace holds the policy's cap, a node creates no more.
     let (ok, pools) = c.kubectl(&["-n", "kube-system", "get", "ippools.whereabouts.cni.cncf.io", "-o", "name"], None);

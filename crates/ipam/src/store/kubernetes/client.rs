@@ -32,9 +32,12 @@ const JSON_PATCH: &str = "application/json-patch+json";
 const ACCEPT_METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
 const JSON: &str = "application/json";
 /// How often an ADD waiting in the spool looks for its answer or a free turn: at first, and at
-/// most (it backs off while the turn stays taken).
+/// most (it backs off while the turn stays taken). Every waiter of every pool on the node polls,
+/// hundreds at once in a burst: at the cap they cost the node a few thousand look-ups a second
+/// (at 4 ms, 1,000 waiters spent a core between them), and a served request goes on at most
+/// this late, beside an API write's tens to hundreds of milliseconds.
 const ANSWER_POLL: Duration = Duration::from_millis(1);
-const ANSWER_POLL_MAX: Duration = Duration::from_millis(4);
+const ANSWER_POLL_MAX: Duration = Duration::from_millis(32);
 
 pub struct KubernetesStore {
     api: ApiClient,
@@ -48,7 +51,8 @@ pub struct KubernetesStore {
     network: String,
     ranges: Vec<IpRange>,
     leader_election: bool,
-    node_lock: std::path::PathBuf,
+    /// The policy's first data root: the node's turns and spools ([`super::spool`]).
+    node_lock_dir: std::path::PathBuf,
 }
 
 /// Which copy of a pool a read takes.
@@ -102,7 +106,7 @@ impl KubernetesStore {
             network: network.to_string(),
             ranges: ranges.to_vec(),
             leader_election: cfg.leader_election,
-            node_lock: cfg.node_lock_dir.join(".plexus-ipam-kubernetes.lock"),
+            node_lock_dir: cfg.node_lock_dir.clone(),
         })
     }
 
@@ -271,8 +275,9 @@ impl KubernetesStore {
     /// landing, and the turn comes after it. With whereabouts' Lease, one at a time.
     fn release_one(&self, range: &IpRange, owner: &Owner, deadline: Instant) -> Result<Vec<Allocation>, IpamError> {
         let (cid, ifname) = (owner.container_id.as_str(), owner.ifname.as_str());
-        let alone =
-            || self.locked(cid, deadline, || self.release_in(range, cid, ifname, deadline, &|a| self.unreserve(a)));
+        let alone = || {
+            self.locked(range, cid, deadline, || self.release_in(range, cid, ifname, deadline, &|a| self.unreserve(a)))
+        };
         if self.leader_election {
             return alone();
         }
@@ -313,7 +318,7 @@ impl KubernetesStore {
         deadline: Instant,
     ) -> Result<IpAddr, IpamError> {
         let owner = &req.owner;
-        let alone = || self.locked(me, deadline, || self.allocate_in(range, requested, req, deadline));
+        let alone = || self.locked(range, me, deadline, || self.allocate_in(range, requested, req, deadline));
         if requested.is_some() || self.leader_election {
             return alone();
         }

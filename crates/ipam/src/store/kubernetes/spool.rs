@@ -36,6 +36,17 @@ use crate::store::Owner;
 
 /// The spools' directory in the node lock's directory.
 const SPOOLS: &str = ".plexus-ipam-kubernetes.spool";
+/// How many turn files a node's pools share ([`turn_file`]): a fixed number, so no tenant's
+/// pool name leaves a file behind, and pools that share one only take turns with each other.
+pub const TURNS: u8 = 64;
+
+/// The file whose lock is the node's turn on pool `pool_name` of `namespace`, in `root`: one of
+/// [`TURNS`], chosen by the pool's name (every range of one pool writes the same object, so
+/// they share it).
+pub fn turn_file(root: &Path, namespace: &str, pool_name: &str) -> PathBuf {
+    let stripe = Sha256::digest([namespace.as_bytes(), &[0], pool_name.as_bytes()].concat())[0] % TURNS;
+    root.join(SPOOLS).join(format!("turn-{stripe:02}"))
+}
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -362,6 +373,20 @@ mod tests {
         let first = spool.enqueue(Kind::Add, &owner("a")).unwrap();
         assert!(first.is_some());
         assert!(spool.enqueue(Kind::Add, &owner("a")).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_pools_writers_share_one_turn_file_and_a_node_has_a_bounded_number_of_them() {
+        let root = Path::new("/data");
+        let turn = |pool: &str| turn_file(root, "kube-system", pool);
+        assert_eq!(turn("198.18.0.0-21"), turn("198.18.0.0-21"));
+        assert!(turn("198.18.0.0-21").starts_with(root.join(SPOOLS)));
+        let files: std::collections::BTreeSet<PathBuf> = (0..10_000).map(|i| turn(&format!("tenant-{i}"))).collect();
+        assert_eq!(files.len(), usize::from(TURNS), "however many pools tenants name");
+        // The eight rails of a node mostly write under turns of their own.
+        let rails: std::collections::BTreeSet<PathBuf> =
+            (0..8).map(|k| turn(&format!("198.18.{}.0-21", 8 * k))).collect();
+        assert!(rails.len() >= 6, "{rails:?}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::range::IpRange;
 use crate::store::Owner;
 use crate::store::kubernetes::batch::{Request, plan_batch};
 use crate::store::kubernetes::names::pool_name;
-use crate::store::kubernetes::spool::{Answer, Kind, Spool, Ticket};
+use crate::store::kubernetes::spool::{Answer, Kind, Spool, Ticket, turn_file};
 
 impl KubernetesStore {
     /// Commit [`plan_batch`] for `requests`, reading the pool again (from etcd) whenever another
@@ -45,7 +45,7 @@ impl KubernetesStore {
     /// This node's spool for `range`'s pool, and `owner`'s request of `kind` in it; `None`
     /// (after saying why) when the request is to go without it.
     pub(super) fn enqueue(&self, range: &IpRange, kind: Kind, owner: &Owner) -> Option<(Spool, Ticket)> {
-        let dir = self.node_lock.parent()?;
+        let dir = self.node_lock_dir.as_path();
         let pool = pool_name(self.network_name.as_deref(), range);
         let spool = Spool::open(dir, &self.namespace, &pool, &format!("{range:?}"));
         match spool.and_then(|s| s.enqueue(kind, owner).map(|t| t.map(|t| (s, t)))) {
@@ -76,7 +76,7 @@ impl KubernetesStore {
                 if let Some(answer) = ticket.answer() {
                     return Ok(answer);
                 }
-                let Some(_turn) = self.turn(None)? else {
+                let Some(_turn) = self.turn(range, None)? else {
                     not_past(deadline, range)?;
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(ANSWER_POLL_MAX);
@@ -127,12 +127,14 @@ impl KubernetesStore {
         }
     }
 
-    /// This node's turn (a file lock in the policy's data root: the node's writers one at a time,
-    /// other nodes' concurrently), held until the file drops; waited for until `wait` (code 11
-    /// then), or with `None` given up at once when another writer has it.
-    pub(super) fn turn(&self, wait: Option<Instant>) -> Result<Option<std::fs::File>, IpamError> {
+    /// This node's turn on `range`'s pool (a file lock beneath the policy's data root,
+    /// [`turn_file`]: the node's writers of one pool one at a time, its other pools and other
+    /// nodes concurrently), held until the file drops; waited for until `wait` (code 11 then),
+    /// or with `None` given up at once when another writer has it.
+    pub(super) fn turn(&self, range: &IpRange, wait: Option<Instant>) -> Result<Option<std::fs::File>, IpamError> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        if let Some(dir) = self.node_lock.parent().filter(|d| !d.exists()) {
+        let path = turn_file(&self.node_lock_dir, &self.namespace, &pool_name(self.network_name.as_deref(), range));
+        if let Some(dir) = path.parent().filter(|d| !d.exists()) {
             let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
         }
         let open = |write: bool| {
@@ -142,9 +144,9 @@ impl KubernetesStore {
                 .create(write)
                 .mode(0o600)
                 .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-                .open(&self.node_lock)
+                .open(&path)
         };
-        let failed = |e: std::io::Error| IpamError::Store(format!("node lock {}: {e}", self.node_lock.display()));
+        let failed = |e: std::io::Error| IpamError::Store(format!("node lock {}: {e}", path.display()));
         // A read-only root still takes a lock on a file opened for reading (DEL must work).
         let file = open(true)
             .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
@@ -153,8 +155,9 @@ impl KubernetesStore {
             return match plexus_cni::deadline::lock_until(&file, until.into()).map_err(failed)? {
                 true => Ok(Some(file)),
                 false => Err(unavailable(format!(
-                    "this node's turn ({}) is still taken at this request's deadline",
-                    self.node_lock.display()
+                    "this node's turn on range {} ({}) is still taken at this request's deadline",
+                    range.network,
+                    path.display()
                 ))),
             };
         }
@@ -165,14 +168,15 @@ impl KubernetesStore {
         }
     }
 
-    /// Run `f` with this node's turn and, when the network asks for it, whereabouts' Lease.
+    /// Run `f` with this node's turn on `range`'s pool and, when the network asks for it, whereabouts' Lease.
     pub(super) fn locked<T>(
         &self,
+        range: &IpRange,
         owner: &str,
         deadline: Instant,
         f: impl FnOnce() -> Result<T, IpamError>,
     ) -> Result<T, IpamError> {
-        let _turn = self.turn(Some(deadline))?;
+        let _turn = self.turn(range, Some(deadline))?;
         if !self.leader_election {
             return f();
         }
