@@ -7,11 +7,13 @@ report; nothing here is a verdict.
 
   scale.py burst  API TOKEN_FILE CA NODES PODS_PER_NODE NADS_JSON OUT_JSON
   scale.py nads   STACK RANGES_BASE          the 8 NADs of a stack, as a JSON list (stdout)
+  scale.py plot   SCALE_JSON OUT_SVG         p99 CNI ADD and API requests per pod against N
 
 A pod keeps the default grace period: deleted, it goes once its node released it (the hollow
 nodes' kubelet stand-in ran its DEL), as on a real node.
 """
 import json
+import os
 import ssl
 import sys
 import threading
@@ -142,7 +144,10 @@ def spread(values):
     return {"n": len(values), "p50": pct(values, 0.5), "p99": pct(values, 0.99), "max": pct(values, 1.0)}
 
 
-def burst(api, nodes, per_node, nad_list, timeout=900):
+def burst(api, nodes, per_node, nad_list, timeout=None):
+    # How long the pods are waited for to be Ready, then to be gone (BURST_TIMEOUT seconds, 900):
+    # a stack that does not make it is a result, reported with what it left not Ready.
+    timeout = timeout or int(os.environ.get("BURST_TIMEOUT", "900"))
     ensure_namespace(api, nad_list)
     watch = Watch(api)
     names = [(f"p{k}-{j}", f"plexus-hollow-{k}") for k in range(1, nodes + 1) for j in range(per_node)]
@@ -204,9 +209,62 @@ def duplicates(statuses):
     return {"addresses": len(holders), "duplicates": len(dups), "examples": dict(list(dups.items())[:5])}
 
 
+COLOURS = {"plexus": "#1f77b4", "whereabouts": "#d62728", "node-slice": "#2ca02c"}
+
+
+def plot(results):
+    """An SVG of two panels against the number of nodes, a line per stack: p99 CNI ADD (s) and
+    API requests per pod. A point whose ADDs failed is drawn hollow and its failures named."""
+    width, height, pad = 360, 260, 48
+    stacks = {}
+    for r in results:
+        stacks.setdefault(r.get("stack", "plexus"), []).append(r)
+    nodes = sorted({r["nodes"] for r in results})
+    panels = [("p99 CNI ADD (s)", lambda r: (r["cni_add_ms"]["p99"] or 0) / 1000),
+              ("API requests per pod", lambda r: r["api_requests_per_pod"])]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * width}" height="{height + 30}" '
+           f'font-family="sans-serif" font-size="11">',
+           f'<rect width="{2 * width}" height="{height + 30}" fill="white"/>']
+    for i, (title, value) in enumerate(panels):
+        x0 = i * width
+        top = max([value(r) for r in results] + [1e-9]) * 1.15
+        def px(n):
+            return x0 + pad + (nodes.index(n) if len(nodes) > 1 else 0.5) * (width - 2 * pad) / max(1, len(nodes) - 1)
+        def py(v):
+            return height - pad + 10 - v / top * (height - 2 * pad)
+        out.append(f'<text x="{x0 + width / 2}" y="16" text-anchor="middle" font-weight="bold">{title}</text>')
+        out.append(f'<line x1="{x0 + pad}" y1="{py(0)}" x2="{x0 + width - pad}" y2="{py(0)}" stroke="black"/>')
+        out.append(f'<line x1="{x0 + pad}" y1="{py(0)}" x2="{x0 + pad}" y2="{py(top)}" stroke="black"/>')
+        for n in nodes:
+            out.append(f'<text x="{px(n)}" y="{py(0) + 14}" text-anchor="middle">{n}</text>')
+        out.append(f'<text x="{x0 + width / 2}" y="{py(0) + 28}" text-anchor="middle">hollow nodes (8 rails each)</text>')
+        for k in range(5):
+            v = top / 1.15 * k / 4
+            out.append(f'<text x="{x0 + pad - 4}" y="{py(v) + 4}" text-anchor="end">{v:.3g}</text>')
+        for j, (stack, rs) in enumerate(sorted(stacks.items())):
+            colour = COLOURS.get(stack, "#555")
+            rs = sorted(rs, key=lambda r: r["nodes"])
+            points = " ".join(f"{px(r['nodes']):.1f},{py(value(r)):.1f}" for r in rs)
+            out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
+            for r in rs:
+                failed = r["cni_add_ms"].get("failed", 0)
+                fill = "white" if failed else colour
+                out.append(f'<circle cx="{px(r["nodes"]):.1f}" cy="{py(value(r)):.1f}" r="4" fill="{fill}" stroke="{colour}"/>')
+                if failed and i == 0:
+                    out.append(f'<text x="{px(r["nodes"]) + 6:.1f}" y="{py(value(r)) - 6:.1f}" fill="{colour}">'
+                               f'{failed} ADDs failed</text>')
+            out.append(f'<text x="{x0 + pad + 8}" y="{py(top) + 14 * (j + 1)}" fill="{colour}">{stack}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main(argv):
     if argv[1] == "nads":
         json.dump(nads(argv[2], int(argv[3])), sys.stdout)
+        return
+    if argv[1] == "plot":
+        with open(argv[3], "w") as f:
+            f.write(plot(json.load(open(argv[2]))))
         return
     api = Api(argv[2], open(argv[3]).read().strip(), argv[4])
     if argv[1] == "burst":

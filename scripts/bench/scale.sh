@@ -12,7 +12,9 @@
 #   - a daemon restarted on a running cluster: from its start to ready (caches synced, slice
 #     published, registered with the stand-in);
 #   - duplicate addresses among the pods' secondary interfaces (must be 0).
-# Writes OUT/scale-N.json and OUT/scale.json (all N); figures, never a pass/fail on time.
+# Writes OUT/scale-N.json, OUT/scale.json (all N) and OUT/scale.svg (p99 CNI ADD and API requests
+# per pod against N: docs/scale.svg is a copy); figures, never a pass/fail on time. BURST_TIMEOUT
+# (seconds, default 900) bounds the wait for the pods to be Ready and then gone.
 #
 #   bash scripts/bench/scale.sh OUT                 # N = 16 64 128
 #   NODES="8 16" PODS=4 bash scripts/bench/scale.sh OUT
@@ -124,4 +126,5 @@ EOF
 done
 python3 -c 'import json, sys; json.dump([json.load(open(f)) for f in sys.argv[2:]], open(sys.argv[1], "w"), indent=1)' \
   "$out/scale.json" "${results[@]}"
+python3 scripts/bench/scale.py plot "$out/scale.json" "$out/scale.svg"
 rm -f "$out/.token"

@@ -49,6 +49,23 @@ class ScaleDuplicates(unittest.TestCase):
             self.assertEqual({(c["type"], c["ipam"]["type"]) for c in confs}, {(plugin, ipam)})
             self.assertEqual(len({c["ipam"]["range"] for c in confs}), 8)
 
+    def test_the_plot_draws_a_line_per_stack_on_both_panels_and_marks_failed_adds(self):
+        import xml.etree.ElementTree as ET
+        point = lambda stack, n, p99, per_pod, failed=0: {
+            "stack": stack, "nodes": n, "api_requests_per_pod": per_pod,
+            "cni_add_ms": {"p99": p99, "failed": failed}}
+        svg = scale.plot([point("plexus", 16, 900, 7), point("plexus", 128, 1500, 7),
+                          point("whereabouts", 16, 4000, 40), point("whereabouts", 128, 240000, 55, failed=31)])
+        root = ET.fromstring(svg)
+        ns = "{http://www.w3.org/2000/svg}"
+        self.assertEqual(len(root.findall(f"{ns}polyline")), 4, "two stacks on two panels")
+        hollow = [c for c in root.findall(f"{ns}circle") if c.get("fill") == "white"]
+        self.assertEqual(len(hollow), 2, "the point with failed ADDs, on each panel")
+        self.assertIn("31 ADDs failed", svg)
+        # The highest point is inside the panel: the axis is scaled to the largest value.
+        ys = [float(c.get("cy")) for c in root.findall(f"{ns}circle")]
+        self.assertTrue(all(20 < y < 260 for y in ys), ys)
+
 
 class Allocations(unittest.TestCase):
     def test_counts_every_pools_allocations_and_a_pool_without_any(self):

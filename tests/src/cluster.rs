@@ -109,6 +109,39 @@ impl Cluster {
         c
     }
 
+    /// A control plane and `nodes` hollow nodes on it (`cluster.sh up --hollow N`,
+    /// docs/hollow-nodes.md): each a Node kwok keeps Ready, a namespace with eight RoCE ports on a
+    /// fake sysfs, the real plexus-daemon of the shipped build (`scripts/build-release.sh`), and
+    /// the kubelet stand-in (`kubelet`, this package's `plexus-test-hollow-kubelet`) running their
+    /// pods' CNI ADD and DEL. No real node: kubectl runs in the control plane's namespace.
+    pub fn hollow(nodes: u32, kubelet: &Path) -> Cluster {
+        crate::require_root();
+        let built = Command::new("bash").arg(repo().join("scripts/build-release.sh")).output().unwrap();
+        assert!(built.status.success(), "build-release.sh:\n{}", String::from_utf8_lossy(&built.stderr));
+        let release = PathBuf::from(String::from_utf8_lossy(&built.stdout).trim());
+        let (slot, lock) = take_slot();
+        let mut c = Cluster { env: BTreeMap::new(), slot, _slot: lock };
+        let out = c
+            .script("cluster.sh")
+            .args(["up", "--hollow", &nodes.to_string()])
+            .env("PLEXUS_HOLLOW_BIN", &release)
+            .env("PLEXUS_HOLLOW_KUBELET", kubelet)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "cluster.sh up --hollow failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        c.env = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect();
+        for key in ["KUBECONFIG", "NODE_NETNS", "PEERS_BIN", "HOLLOW_NODES", "HOLLOW_TIMINGS"] {
+            assert!(c.env.contains_key(key), "cluster.sh up --hollow printed no {key}");
+        }
+        for k in 1..=nodes {
+            assert!(c.env.contains_key(&format!("HOLLOW_NAME_{k}")), "cluster.sh up printed no HOLLOW_NAME_{k}");
+        }
+        c
+    }
+
     /// `scripts/cluster-install.sh`: plexus installed by `with` ("manifests" or "helm"), in
     /// daemon mode when `daemon_mode`, `meta_keys` added to its meta config.
     pub fn install(&self, meta_keys: &str, daemon_mode: bool, with: &str) {
