@@ -214,24 +214,27 @@ COLOURS = {"plexus": "#1f77b4", "whereabouts": "#d62728", "node-slice": "#2ca02c
 
 def plot(results):
     """An SVG of two panels against the number of nodes, a line per stack: p99 CNI ADD (s) and
-    API requests per pod. A point whose ADDs failed is drawn hollow and its failures named."""
+    API requests per pod. A point whose ADDs failed is drawn hollow and its failures named; one
+    where none succeeded (no p99) is drawn hollow at the top of its panel."""
     width, height, pad = 360, 260, 48
     stacks = {}
     for r in results:
         stacks.setdefault(r.get("stack", "plexus"), []).append(r)
     nodes = sorted({r["nodes"] for r in results})
-    panels = [("p99 CNI ADD (s)", lambda r: (r["cni_add_ms"]["p99"] or 0) / 1000),
+    panels = [("p99 CNI ADD (s)", lambda r: None if r["cni_add_ms"].get("p99") is None else r["cni_add_ms"]["p99"] / 1000),
               ("API requests per pod", lambda r: r["api_requests_per_pod"])]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * width}" height="{height + 30}" '
            f'font-family="sans-serif" font-size="11">',
            f'<rect width="{2 * width}" height="{height + 30}" fill="white"/>']
     for i, (title, value) in enumerate(panels):
         x0 = i * width
-        top = max([value(r) for r in results] + [1e-9]) * 1.15
+        top = max([value(r) for r in results if value(r) is not None] + [1e-9]) * 1.15
+
         def px(n):
             return x0 + pad + (nodes.index(n) if len(nodes) > 1 else 0.5) * (width - 2 * pad) / max(1, len(nodes) - 1)
+
         def py(v):
-            return height - pad + 10 - v / top * (height - 2 * pad)
+            return height - pad + 10 - (top if v is None else v) / top * (height - 2 * pad)
         out.append(f'<text x="{x0 + width / 2}" y="16" text-anchor="middle" font-weight="bold">{title}</text>')
         out.append(f'<line x1="{x0 + pad}" y1="{py(0)}" x2="{x0 + width - pad}" y2="{py(0)}" stroke="black"/>')
         out.append(f'<line x1="{x0 + pad}" y1="{py(0)}" x2="{x0 + pad}" y2="{py(top)}" stroke="black"/>')
@@ -248,11 +251,12 @@ def plot(results):
             out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
             for r in rs:
                 failed = r["cni_add_ms"].get("failed", 0)
-                fill = "white" if failed else colour
-                out.append(f'<circle cx="{px(r["nodes"]):.1f}" cy="{py(value(r)):.1f}" r="4" fill="{fill}" stroke="{colour}"/>')
-                if failed and i == 0:
-                    out.append(f'<text x="{px(r["nodes"]) + 6:.1f}" y="{py(value(r)) - 6:.1f}" fill="{colour}">'
-                               f'{failed} ADDs failed</text>')
+                fill = "white" if failed or value(r) is None else colour
+                x, y = px(r["nodes"]), py(value(r))
+                out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{fill}" stroke="{colour}"/>')
+                if i == 0 and (failed or value(r) is None):
+                    what = "no ADD succeeded" if value(r) is None else f"{failed} ADDs failed"
+                    out.append(f'<text x="{x - 6:.1f}" y="{y + 16:.1f}" text-anchor="end" fill="{colour}">{what}</text>')
             out.append(f'<text x="{x0 + pad + 8}" y="{py(top) + 14 * (j + 1)}" fill="{colour}">{stack}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

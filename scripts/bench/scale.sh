@@ -104,11 +104,13 @@ for n in $NODES; do
 import json, sys
 burst = json.load(open("$out/scale-$n-burst.json"))
 pods = burst["pods"]
-audit = $(audit_of_plexus "$a0" "$a1")
+# JSON the shell functions printed (a spread with no successful ADD has nulls).
+audit = json.loads(r"""$(audit_of_plexus "$a0" "$a1")""")
+add_ms = json.loads(r"""$(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" ADD)""")
+del_ms = json.loads(r"""$(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" DEL)""")
 json.dump({
   "nodes": $n, "pods": pods, "networks_per_pod": 8,
-  "cni_add_ms": $(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" ADD),
-  "cni_del_ms": $(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" DEL),
+  "cni_add_ms": add_ms, "cni_del_ms": del_ms,
   "pod_ready_ms": burst["ready_ms"], "pod_gone_ms": burst["gone_ms"],
   "all_ready_s": burst["all_ready_s"], "not_ready": burst["not_ready_count"], "errors": burst["errors"],
   "api_requests_per_pod": round(audit["total"] / pods, 2), "api_requests": audit["by"],

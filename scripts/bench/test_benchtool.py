@@ -55,13 +55,15 @@ class ScaleDuplicates(unittest.TestCase):
             "stack": stack, "nodes": n, "api_requests_per_pod": per_pod,
             "cni_add_ms": {"p99": p99, "failed": failed}}
         svg = scale.plot([point("plexus", 16, 900, 7), point("plexus", 128, 1500, 7),
-                          point("whereabouts", 16, 4000, 40), point("whereabouts", 128, 240000, 55, failed=31)])
+                          point("whereabouts", 16, 4000, 40), point("whereabouts", 64, 240000, 55, failed=31),
+                          point("whereabouts", 128, None, 60, failed=900)])
         root = ET.fromstring(svg)
         ns = "{http://www.w3.org/2000/svg}"
         self.assertEqual(len(root.findall(f"{ns}polyline")), 4, "two stacks on two panels")
         hollow = [c for c in root.findall(f"{ns}circle") if c.get("fill") == "white"]
-        self.assertEqual(len(hollow), 2, "the point with failed ADDs, on each panel")
+        self.assertEqual(len(hollow), 4, "the points with failed ADDs, on each panel")
         self.assertIn("31 ADDs failed", svg)
+        self.assertIn("no ADD succeeded", svg)
         # The highest point is inside the panel: the axis is scaled to the largest value.
         ys = [float(c.get("cy")) for c in root.findall(f"{ns}circle")]
         self.assertTrue(all(20 < y < 260 for y in ys), ys)
