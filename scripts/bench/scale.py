@@ -8,6 +8,7 @@ report; nothing here is a verdict.
   scale.py burst  API TOKEN_FILE CA NODES PODS_PER_NODE NADS_JSON OUT_JSON
   scale.py nads   STACK RANGES_BASE          the 8 NADs of a stack, as a JSON list (stdout)
   scale.py plot   SCALE_JSON OUT_SVG         p99 CNI ADD and API requests per pod against N
+  scale.py many-nads API TOKEN_FILE CA COUNT COUNT NADs no pod uses, in namespace scale-nads
 
 A pod keeps the default grace period: deleted, it goes once its node released it (the hollow
 nodes' kubelet stand-in ran its DEL), as on a real node.
@@ -262,6 +263,23 @@ def plot(results):
     return "\n".join(out) + "\n"
 
 
+def many_nads(api, count):
+    """COUNT NADs in namespace scale-nads (16 clients), as a cluster of many tenants has: every
+    node's daemon watches them all. The number created."""
+    ns = "scale-nads"
+    api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    config = nads("plexus", 0)[0]["spec"]["config"]
+
+    def create(i):
+        nad = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+               "metadata": {"name": f"tenant-{i}", "namespace": ns}, "spec": {"config": config}}
+        s, _ = api.call("POST", f"/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions", nad)
+        return s in (201, 409)
+
+    with ThreadPoolExecutor(16) as ex:
+        return sum(ex.map(create, range(count)))
+
+
 def main(argv):
     if argv[1] == "nads":
         json.dump(nads(argv[2], int(argv[3])), sys.stdout)
@@ -271,6 +289,9 @@ def main(argv):
             f.write(plot(json.load(open(argv[2]))))
         return
     api = Api(argv[2], open(argv[3]).read().strip(), argv[4])
+    if argv[1] == "many-nads":
+        print(many_nads(api, int(argv[5])))
+        return
     if argv[1] == "burst":
         nodes, per_node = int(argv[5]), int(argv[6])
         report = burst(api, nodes, per_node, json.load(open(argv[7])))

@@ -7,11 +7,13 @@
 #     and gone p50/p99 (from the create or delete request to the watch event);
 #   - API requests per pod by plexus's service account (the audit log), and what they were;
 #   - the API server's and etcd's CPU seconds over the burst and their RSS; plexus-daemon's RSS
-#     per node (median and largest); the watches open on the API server;
+#     per node (median and largest) after the burst, and again with 5,000 more NADs in the
+#     cluster (a namespace of NADs no pod uses); the watches open on the API server;
 #   - ResourceSlice writes per minute at steady state (a minute with nothing asked of the nodes);
 #   - a daemon restarted on a running cluster: from its start to ready (caches synced, slice
 #     published, registered with the stand-in);
-#   - duplicate addresses among the pods' secondary interfaces (must be 0).
+#   - duplicate addresses among the pods' secondary interfaces (must be 0);
+#   - plexus's lists and watches of pods that did not name the node (must be 0).
 # Writes OUT/scale-N.json, OUT/scale.json (all N) and OUT/scale.svg (p99 CNI ADD and API requests
 # per pod against N: docs/scale.svg is a copy); figures, never a pass/fail on time. BURST_TIMEOUT
 # (seconds, default 900) bounds the wait for the pods to be Ready and then gone.
@@ -64,6 +66,22 @@ for l in sys.stdin:
 print(json.dumps({"total": sum(c.values()), "by": dict(c.most_common())}))'
 }
 
+# How often plexus's service account listed or watched pods without naming its node (the whole
+# log: the daemons' starts, the burst, the restart). Multus lists every pod of the cluster at start
+# (multus-cni PR #1434); a node's daemon should never.
+cluster_wide_pod_reads() {
+  python3 -c '
+import json, sys
+n = 0
+for l in open(sys.argv[1]):
+    e = json.loads(l)
+    r = e.get("objectRef") or {}
+    if (e["user"]["username"] == "system:serviceaccount:kube-system:plexus" and e["verb"] in ("list", "watch")
+            and r.get("resource") == "pods" and "spec.nodeName" not in e["requestURI"].replace("%3D", "=")):
+        n += 1
+print(n)' "$state/log/audit.log"
+}
+
 results=()
 for n in $NODES; do
   log "$n hollow nodes"
@@ -100,6 +118,13 @@ for n in $NODES; do
   log "$n nodes: a daemon restarted"
   ready_ms=$(bash scripts/cluster.sh hollow-restart 1)
 
+  log "$n nodes: 5,000 NADs in the cluster"
+  nads_made=$(ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py many-nads "$api" "$out/.token" \
+    "$state/pki/ca.crt" 5000)
+  sleep 15 # the daemons' watches deliver them
+  rss_5000=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
+    awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
+
   python3 - "$out/scale-$n.json" << EOF
 import json, sys
 burst = json.load(open("$out/scale-$n-burst.json"))
@@ -118,6 +143,8 @@ json.dump({
   "apiserver_cpu_s_per_pod": round(($c1_api - $c0_api) / pods, 3),
   "apiserver_rss_mib": round($(rss_kib "$apiserver") / 1024), "etcd_rss_mib": round($(rss_kib "$etcd") / 1024),
   "daemon_rss": $daemon_rss, "watches_open": $watches,
+  "nads_in_cluster": 8 + $nads_made, "daemon_rss_with_nads": $rss_5000,
+  "cluster_wide_pod_reads": $(cluster_wide_pod_reads),
   "resourceslice_writes_per_minute": $slice_writes, "daemon_start_to_ready_ms": $ready_ms,
   "duplicates": burst["duplicates"],
 }, open(sys.argv[1], "w"), indent=1)

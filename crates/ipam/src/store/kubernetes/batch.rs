@@ -26,12 +26,13 @@ pub(super) fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
-/// Where a node's walk for free offsets starts: after the pool's cursor (the offset some node
-/// handed out last) moved on by the node's lane, a share of the range its name picks. Nodes
-/// whose writes meet on one pool read the same cursor; from the cursor itself they would all
-/// offer the same offsets, and every write but one would fail its `test` and go again (at 16
-/// nodes a third of the writes did). From their lanes they offer different ones. The walk stays
-/// next-fit from there, and an empty name (no node) keeps the cursor as it is.
+/// Where a node's walk for free offsets starts once its write met another node's: after the
+/// pool's cursor (the offset some node handed out last) moved on by the node's lane, a share of
+/// the range's first [`LANE_SPAN`] offsets its name picks. Nodes whose writes meet on one pool
+/// read the same cursor; from the cursor itself they would all offer the same offsets again, and
+/// every write but one would fail its `test` and go again (at 16 nodes a third of the writes
+/// did). From their lanes they offer different ones. The walk stays next-fit from there, and an
+/// empty name (no node) keeps the cursor as it is.
 pub(super) fn node_cursor(cursor: Option<u128>, range: &IpRange, node: &str) -> Option<u128> {
     use sha2::{Digest, Sha256};
     if node.is_empty() || range.last <= range.first {
@@ -39,11 +40,15 @@ pub(super) fn node_cursor(cursor: Option<u128>, range: &IpRange, node: &str) -> 
     }
     let size = range.last - range.first + 1;
     let hash = Sha256::digest(node.as_bytes());
-    let lane = u128::from(u64::from_be_bytes(hash[..8].try_into().expect("8 bytes"))) % size;
+    let lane = u128::from(u64::from_be_bytes(hash[..8].try_into().expect("8 bytes"))) % size.min(LANE_SPAN);
     // No cursor: as if the last offset was handed out last (the walk starts at the first).
     let base = cursor.filter(|c| (range.first..=range.last).contains(c)).unwrap_or(range.last);
     Some(range.first + (base - range.first + lane) % size)
 }
+
+/// How far from the cursor a lane starts, at most: wide enough to keep a few hundred nodes'
+/// batches apart, near enough that an IPv6 /64 still hands out short addresses.
+const LANE_SPAN: u128 = 4096;
 
 /// One request of a batch: an owner wanting an address (ADD) or giving its entries up (DEL).
 pub(super) type Request<'a> = (Kind, &'a Owner);
@@ -67,14 +72,24 @@ pub(super) struct Plan {
 /// nothing, as it would after that ADD. Offsets released here are not handed out again in the
 /// same write.
 pub(super) fn plan_batch(pool: &Pool, range: &IpRange, requests: &[Request<'_>]) -> Plan {
+    plan_from(pool, range, requests, pool.cursor)
+}
+
+/// [`plan_batch`] for a batch whose write met another node's (a `test` failed): new offsets
+/// from the node's lane ([`node_cursor`]; the batch is one node's spool, the lane its first
+/// request's node's).
+pub(super) fn plan_batch_in_lane(pool: &Pool, range: &IpRange, requests: &[Request<'_>]) -> Plan {
+    let node = requests.first().map_or("", |(_, o)| o.node.as_str());
+    plan_from(pool, range, requests, node_cursor(pool.cursor, range, node))
+}
+
+fn plan_from(pool: &Pool, range: &IpRange, requests: &[Request<'_>], cursor: Option<u128>) -> Plan {
     let mut ops = Vec::new();
     let mut answers: Vec<Option<Answer>> = vec![None; requests.len()];
     let mut unguarded = false;
     let mut taken: BTreeSet<u128> = pool.allocations.keys().copied().collect();
     let mut claimed = BTreeSet::new();
-    // The batch is one node's (its spool): the lane of its first request's node.
-    let node = requests.first().map_or("", |(_, o)| o.node.as_str());
-    let mut cursor = node_cursor(pool.cursor, range, node);
+    let mut cursor = cursor;
     let mut added = false;
     let path = |o: u128| format!("/spec/allocations/{o}");
     for (i, (_, owner)) in requests.iter().enumerate().filter(|(_, (k, _))| *k == Kind::Add) {
@@ -284,14 +299,14 @@ mod tests {
     }
 
     #[test]
-    fn nodes_reading_one_cursor_offer_offsets_apart_each_from_its_own_lane() {
+    fn nodes_whose_writes_met_offer_offsets_apart_each_from_its_own_lane() {
         let r = range("198.18.0.0/21"); // offsets 1..=2046
         let pool = Pool::from_object("p", &json!({"metadata": {"annotations": {"ipam.plexus.io/next": "40"}}}), &r);
         let on = |node: &str, cid: &str| Owner { node: node.into(), ..owner(cid, &format!("default/{cid}")) };
         let starts: Vec<u128> = (1..=16)
             .map(|k| {
                 let (a, b) = (on(&format!("node-{k}"), "a"), on(&format!("node-{k}"), "b"));
-                let plan = plan_batch(&pool, &r, &[(Kind::Add, &a), (Kind::Add, &b)]);
+                let plan = plan_batch_in_lane(&pool, &r, &[(Kind::Add, &a), (Kind::Add, &b)]);
                 let [Answer::Offset { offset: first, .. }, Answer::Offset { offset: second, .. }] = &plan.answers[..]
                 else {
                     panic!("{:?}", plan.answers)
@@ -305,14 +320,21 @@ mod tests {
         let apart = starts.iter().collect::<BTreeSet<_>>().len();
         assert_eq!(apart, 16, "each node from its own place: {starts:?}");
         // The lane is the node's: the same node starts at the same place from the same cursor.
-        let again = plan_batch(&pool, &r, &[(Kind::Add, &on("node-1", "c"))]);
+        let again = plan_batch_in_lane(&pool, &r, &[(Kind::Add, &on("node-1", "c"))]);
         assert_eq!(again.answers[0], Answer::offset(starts[0], None));
-        // No node named: from the cursor, as before.
+        // A first write, or no node named: from the cursor.
+        assert_eq!(plan_batch(&pool, &r, &[(Kind::Add, &on("node-1", "c"))]).answers[0], Answer::offset(41, None));
         assert_eq!(node_cursor(Some(40), &r, ""), Some(40));
         assert_eq!(
-            plan_batch(&pool, &r, &[(Kind::Add, &owner("c", "default/c"))]).answers[0],
+            plan_batch_in_lane(&pool, &r, &[(Kind::Add, &owner("c", "default/c"))]).answers[0],
             Answer::offset(41, None)
         );
+        // In an IPv6 /64, a lane is among the first LANE_SPAN offsets after the cursor.
+        let v6 = range("2001:db8:1::/64");
+        for k in 0..64 {
+            let moved = node_cursor(None, &v6, &format!("node-{k}")).unwrap();
+            assert!(moved < v6.first + LANE_SPAN, "{moved}");
+        }
         // Never outside the range, whatever the cursor says.
         for c in [None, Some(0), Some(1), Some(2046), Some(5000)] {
             let moved = node_cursor(c, &r, "node-7").unwrap();

@@ -9,7 +9,7 @@ use super::{ANSWER_POLL, ANSWER_POLL_MAX, KubernetesStore, Read, not_past, unava
 use crate::error::IpamError;
 use crate::range::IpRange;
 use crate::store::Owner;
-use crate::store::kubernetes::batch::{Request, plan_batch};
+use crate::store::kubernetes::batch::{Request, plan_batch, plan_batch_in_lane};
 use crate::store::kubernetes::names::pool_name;
 use crate::store::kubernetes::spool::{Answer, Kind, Spool, Ticket, turn_file};
 
@@ -27,17 +27,21 @@ impl KubernetesStore {
         let mut read = Read::Cached;
         // A pool is created for an ADD only: a batch of DELs on a missing pool releases nothing.
         let create = requests.iter().any(|(k, _)| *k == Kind::Add);
+        // Once a write met another's, new offsets come from this node's lane.
+        let mut met = false;
         loop {
             not_past(deadline, range)?;
             let Some(pool) = self.pool(range, read, create)? else {
                 return Ok(requests.iter().map(|_| Answer::Released { offsets: Vec::new() }).collect());
             };
-            let plan = plan_batch(&pool, range, requests);
+            let plan =
+                if met { plan_batch_in_lane(&pool, range, requests) } else { plan_batch(&pool, range, requests) };
             if !(plan.unguarded && read == Read::Cached)
                 && (plan.ops.is_empty() || self.patch_pool(&pool.name, &plan.ops)?)
             {
                 return Ok(plan.answers);
             }
+            met |= read == Read::Latest; // a failed test against etcd's copy: another writer
             read = Read::Latest;
         }
     }
