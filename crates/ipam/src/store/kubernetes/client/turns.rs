@@ -3,6 +3,8 @@
 //! commits every waiting request in one write ([`KubernetesStore::commit_batch`]); and the
 //! retries of a step while the API is unavailable.
 
+use std::fs::{File, TryLockError};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::{ANSWER_POLL, ANSWER_POLL_MAX, KubernetesStore, Read, not_past, unavailable};
@@ -133,43 +135,18 @@ impl KubernetesStore {
 
     /// This node's turn on `range`'s pool (a file lock beneath the policy's data root,
     /// [`turn_file`]: the node's writers of one pool one at a time, its other pools and other
-    /// nodes concurrently), held until the file drops; waited for until `wait` (code 11 then),
+    /// nodes concurrently), held until the files drop; waited for until `wait` (code 11 then),
     /// or with `None` given up at once when another writer has it.
-    pub(super) fn turn(&self, range: &IpRange, wait: Option<Instant>) -> Result<Option<std::fs::File>, IpamError> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let path = turn_file(&self.node_lock_dir, &self.namespace, &pool_name(self.network_name.as_deref(), range));
-        if let Some(dir) = path.parent().filter(|d| !d.exists()) {
-            let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
-        }
-        let open = |write: bool| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(write)
-                .create(write)
-                .mode(0o600)
-                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-                .open(&path)
-        };
-        let failed = |e: std::io::Error| IpamError::Store(format!("node lock {}: {e}", path.display()));
-        // A read-only root still takes a lock on a file opened for reading (DEL must work).
-        let file = open(true)
-            .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
-            .map_err(failed)?;
-        if let Some(until) = wait {
-            return match plexus_cni::deadline::lock_until(&file, until.into()).map_err(failed)? {
-                true => Ok(Some(file)),
-                false => Err(unavailable(format!(
-                    "this node's turn on range {} ({}) is still taken at this request's deadline",
-                    range.network,
-                    path.display()
-                ))),
-            };
-        }
-        match file.try_lock() {
-            Ok(()) => Ok(Some(file)),
-            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-            Err(std::fs::TryLockError::Error(e)) => Err(failed(e)),
-        }
+    ///
+    /// It also holds, shared, the one turn of the whole node that releases before this one took
+    /// (`.plexus-ipam-kubernetes.lock`, which they lock exclusively): this release's writers go
+    /// side by side on it, and during a rollout or a rollback a writer of the other release
+    /// never leads the same spool at the same time as one of this release's.
+    pub(super) fn turn(&self, range: &IpRange, wait: Option<Instant>) -> Result<Option<[std::fs::File; 2]>, IpamError> {
+        let node = self.node_lock_dir.join(NODE_TURN);
+        let Some(node) = take(&node, wait, true, range)? else { return Ok(None) };
+        let pool = turn_file(&self.node_lock_dir, &self.namespace, &pool_name(self.network_name.as_deref(), range));
+        Ok(take(&pool, wait, false, range)?.map(|pool| [node, pool]))
     }
 
     /// Run `f` with this node's turn on `range`'s pool and, when the network asks for it, whereabouts' Lease.
@@ -188,5 +165,76 @@ impl KubernetesStore {
         let out = f();
         lease.release(&self.api);
         out
+    }
+}
+
+/// The whole node's turn of the releases before per-pool turns; see [`KubernetesStore::turn`].
+const NODE_TURN: &str = ".plexus-ipam-kubernetes.lock";
+
+/// The lock on `path` (made 0600 when missing), shared or exclusive, waited for until `wait` or
+/// tried once; `None` when another holds it.
+fn take(path: &Path, wait: Option<Instant>, shared: bool, range: &IpRange) -> Result<Option<File>, IpamError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent().filter(|d| !d.exists()) {
+        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+    }
+    let open = |write: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .create(write)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)
+    };
+    let failed = |e: std::io::Error| IpamError::Store(format!("node lock {}: {e}", path.display()));
+    // A read-only root still takes a lock on a file opened for reading (DEL must work).
+    let file = open(true)
+        .or_else(|e| if e.raw_os_error() == Some(nix::libc::EROFS) { open(false) } else { Err(e) })
+        .map_err(failed)?;
+    if let Some(until) = wait {
+        let taken = match shared {
+            true => plexus_cni::deadline::lock_shared_until(&file, until.into()),
+            false => plexus_cni::deadline::lock_until(&file, until.into()),
+        };
+        return match taken.map_err(failed)? {
+            true => Ok(Some(file)),
+            false => Err(unavailable(format!(
+                "this node's turn on range {} ({}) is still taken at this request's deadline",
+                range.network,
+                path.display()
+            ))),
+        };
+    }
+    match if shared { file.try_lock_shared() } else { file.try_lock() } {
+        Ok(()) => Ok(Some(file)),
+        Err(TryLockError::WouldBlock) => Ok(None),
+        Err(TryLockError::Error(e)) => Err(failed(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::range::{IpRange, RangeSpec};
+
+    #[test]
+    fn this_releases_writers_share_the_old_node_turn_and_an_old_writer_holding_it_keeps_them_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let range = IpRange::parse(&RangeSpec { range: "198.18.0.0/24", ..Default::default() }).unwrap();
+        let node = dir.path().join(NODE_TURN);
+        // Two of this release's writers (of two pools) at once.
+        let a = take(&node, None, true, &range).unwrap().expect("shared");
+        let b = take(&node, None, true, &range).unwrap().expect("shared beside it");
+        drop((a, b));
+        // A writer of the release before holds the whole node: nobody of this release leads.
+        let old = File::open(&node).unwrap();
+        old.lock().unwrap();
+        assert!(take(&node, None, true, &range).unwrap().is_none());
+        let soon = Instant::now() + Duration::from_millis(50);
+        let e = take(&node, Some(soon), true, &range).unwrap_err();
+        assert!(e.to_string().contains("still taken at this request's deadline"), "{e}");
+        drop(old);
+        assert!(take(&node, None, true, &range).unwrap().is_some());
     }
 }
