@@ -93,14 +93,10 @@ impl Cluster {
             .env("PLEXUS_CLUSTER_SYSFS", sysfs.map(Path::as_os_str).unwrap_or_default())
             .output()
             .unwrap();
-        assert!(out.status.success(), "cluster.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        c.env = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-            .collect();
-        for key in ["KUBECONFIG", "NODE_NETNS", "NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "TEST_IMAGE", "PEERS_BIN"] {
-            assert!(c.env.contains_key(key), "cluster.sh up printed no {key}");
-        }
+        c.came_up(
+            &out,
+            &["KUBECONFIG", "NODE_NETNS", "NODE_NAME", "CNI_BIN_DIR", "CNI_CONF_DIR", "TEST_IMAGE", "PEERS_BIN"],
+        );
         for k in 2..=nodes {
             for key in ["NODE_NETNS", "NODE_NAME", "NODE_STATE"] {
                 assert!(c.env.contains_key(&format!("{key}_{k}")), "cluster.sh up printed no {key}_{k}");
@@ -116,11 +112,9 @@ impl Cluster {
     /// pods' CNI ADD and DEL. No real node: kubectl runs in the control plane's namespace.
     pub fn hollow(nodes: u32, kubelet: &Path) -> Cluster {
         crate::require_root();
-        let built = Command::new("bash").arg(repo().join("scripts/build-release.sh")).output().unwrap();
-        assert!(built.status.success(), "build-release.sh:\n{}", String::from_utf8_lossy(&built.stderr));
-        let release = PathBuf::from(String::from_utf8_lossy(&built.stdout).trim());
         let (slot, lock) = take_slot();
         let mut c = Cluster { env: BTreeMap::new(), slot, _slot: lock };
+        let release = c.release_build();
         let out = c
             .script("cluster.sh")
             .args(["up", "--hollow", &nodes.to_string()])
@@ -128,18 +122,24 @@ impl Cluster {
             .env("PLEXUS_HOLLOW_KUBELET", kubelet)
             .output()
             .unwrap();
-        assert!(out.status.success(), "cluster.sh up --hollow failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        c.env = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-            .collect();
-        for key in ["KUBECONFIG", "NODE_NETNS", "PEERS_BIN", "HOLLOW_NODES", "HOLLOW_TIMINGS"] {
-            assert!(c.env.contains_key(key), "cluster.sh up --hollow printed no {key}");
-        }
+        c.came_up(&out, &["KUBECONFIG", "NODE_NETNS", "PEERS_BIN", "HOLLOW_NODES", "HOLLOW_TIMINGS"]);
         for k in 1..=nodes {
             assert!(c.env.contains_key(&format!("HOLLOW_NAME_{k}")), "cluster.sh up printed no HOLLOW_NAME_{k}");
         }
         c
+    }
+
+    /// What `cluster.sh up` printed (`KEY=value` lines) taken as this cluster's keys, once it
+    /// succeeded and printed every one of `keys`.
+    fn came_up(&mut self, out: &std::process::Output, keys: &[&str]) {
+        assert!(out.status.success(), "cluster.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        self.env = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect();
+        for key in keys {
+            assert!(self.env.contains_key(*key), "cluster.sh up printed no {key}");
+        }
     }
 
     /// `scripts/cluster-install.sh`: plexus installed by `with` ("manifests" or "helm"), in
