@@ -740,6 +740,25 @@ impl Cluster {
     }
 
     /// The names of the OverlappingRangeIPReservations.
+    /// The OverlappingRangeIPReservations in kube-system: name → the container ID they hold for.
+    pub fn reservation_holders(&self) -> BTreeMap<String, String> {
+        let (ok, out) = self.kubectl(
+            &["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io", "-o", "json"],
+            None,
+        );
+        assert!(ok, "{out}");
+        let list: Value = serde_json::from_str(&out).unwrap();
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let s = |p: &str| r.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+                (s("/metadata/name"), s("/spec/containerid"))
+            })
+            .collect()
+    }
+
     pub fn reservation_names(&self) -> BTreeSet<String> {
         let (ok, out) = self.kubectl(
             &["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io", "-o", "name"],

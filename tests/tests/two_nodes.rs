@@ -503,14 +503,28 @@ fn two_nodes_churning_one_range_at_once_never_hold_an_address_twice_on_the_api_s
         who: "wb",
     };
     let pool = || pool_holders(&c, "198.18.196.0-25", [198, 18, 196, 0]);
-    let api_left = || (c.pool_entries("198.18.196.0-25").len(), c.reservation_names());
+    // What is left in the API: pool entries and reservations, each as (address, container ID).
+    let api_left = || -> Vec<(String, String)> { pool().into_iter().chain(c.reservation_holders()).collect() };
 
     // plexus-ipam's Kubernetes store on node A, whereabouts on node B: one pool.
     churn(&c, &[plexus(A, "kubernetes"), whereabouts(B)], &pool);
-    assert_eq!(api_left(), (0, Default::default()), "left in the API after plexus-ipam beside whereabouts");
+    // plexus-ipam leaves nothing. whereabouts' DEL answers success whatever failed (its cmdDel
+    // returns nil; the reservation goes after the pool entry, within a 10 s request context its
+    // pool retries may have spent), so under this contention it may leave a reservation or an
+    // entry of its own: reported, then removed, so that the next churn starts from an empty pool.
+    let (theirs, ours): (Vec<_>, Vec<_>) = api_left().into_iter().partition(|(_, cid)| cid.starts_with("wb-"));
+    assert_eq!(ours, [], "left in the API after plexus-ipam beside whereabouts, other than whereabouts' own");
+    if !theirs.is_empty() {
+        eprintln!("whereabouts left in the API (its DEL answered success): {theirs:?}");
+        for kind in ["ippools", "overlappingrangeipreservations"] {
+            let (ok, out) =
+                c.kubectl(&["-n", "kube-system", "delete", &format!("{kind}.whereabouts.cni.cncf.io"), "--all"], None);
+            assert!(ok, "{out}");
+        }
+    }
     // plexus-ipam on both nodes.
     churn(&c, &[plexus(A, "kubernetes"), plexus(B, "kubernetes")], &pool);
-    assert_eq!(api_left(), (0, Default::default()), "left in the API after plexus-ipam on both nodes");
+    assert_eq!(api_left(), [], "left in the API after plexus-ipam on both nodes");
     // The etcd store on both nodes.
     let etcd_view = || -> BTreeMap<String, String> {
         etcd.pairs("/plexus-test/")
