@@ -13,15 +13,17 @@
 #                                  # NODE_NAME_K, NODE_STATE_K (its files; bound over the state
 #                                  # dir's paths inside its mount namespace, so one set of paths
 #                                  # — the chart's — serves every node)
-#   bash scripts/cluster.sh up --hollow N [--nodes K]
+#   bash scripts/cluster.sh up --hollow N [--nodes K] [--hollow-stack plexus|multus]
 #                                  # N hollow nodes (scripts/lib/hollow.sh; docs/hollow-nodes.md):
 #                                  # Node objects kept by kwok, each its own network namespace
-#                                  # with eight ports and a fake sysfs, the real plexus-daemon, and
-#                                  # one kubelet stand-in for all of them making the CNI calls; on
-#                                  # the control plane alone, or beside K real nodes
+#                                  # with eight ports and a fake sysfs, the real plexus-daemon (or,
+#                                  # with --hollow-stack multus, Multus thick's multus-daemon with
+#                                  # the reference plugins and whereabouts), and one kubelet
+#                                  # stand-in for all of them making the CNI calls; on the control
+#                                  # plane alone, or beside K real nodes
 #   bash scripts/cluster.sh hollow-restart K
-#                                  # hollow node K's plexus-daemon restarted; prints the ms from
-#                                  # its start to ready
+#                                  # hollow node K's daemon (plexus-daemon or multus-daemon)
+#                                  # restarted; prints the ms from its start to ready
 #   bash scripts/cluster.sh down   # removes every process, namespace, mount and file `up` made
 #   PLEXUS_CLUSTER_SYSFS=DIR bash scripts/cluster.sh up
 #                                  # the CNI plugins read sysfs from DIR (PLEXUS_SYSFS_ROOT)
@@ -366,11 +368,12 @@ build_images() {
 
 up() {
   [ "$(id -u)" = 0 ] || { log "run as root"; exit 1; }
-  local hollow_nodes=0 nodes=""
+  local hollow_nodes=0 nodes="" hollow_stack=plexus
   while [ $# -gt 0 ]; do
     case $1 in
       --nodes) nodes=${2:?--nodes N}; shift 2 ;;
       --hollow) hollow_nodes=${2:?--hollow N}; shift 2 ;;
+      --hollow-stack) hollow_stack=${2:?--hollow-stack plexus or multus}; shift 2 ;;
       *) log "up: unknown argument $1"; exit 2 ;;
     esac
   done
@@ -440,7 +443,7 @@ EOF
   for crd in "$wb"/doc/crds/whereabouts.cni.cncf.io_*.yaml; do
     in_node "${kubectl[@]}" apply -f "$crd" > /dev/null
   done
-  [ "$hollow_nodes" = 0 ] || hollow_up "$hollow_nodes"
+  [ "$hollow_nodes" = 0 ] || hollow_up "$hollow_nodes" "$hollow_stack"
 
   cat << EOF
 KUBECONFIG=$state/admin.kubeconfig
@@ -459,7 +462,7 @@ EOF
     node_ctx "$k"
     printf 'NODE_NETNS_%s=%s\nNODE_NAME_%s=%s\nNODE_STATE_%s=%s\n' "$k" "$NODE_NETNS" "$k" "$NODE_NAME" "$k" "$nodedir"
   done
-  [ "$hollow_nodes" = 0 ] || hollow_keys "$hollow_nodes"
+  [ "$hollow_nodes" = 0 ] || hollow_keys "$hollow_nodes" "$hollow_stack"
 }
 
 # node_namespaces K: node K's network namespace (k8s0 on the management segment, its eight RoCE

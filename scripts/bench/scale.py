@@ -6,7 +6,8 @@ then all of them deleted at once and each one's disappearance seen on the watch.
 report; nothing here is a verdict.
 
   scale.py burst  API TOKEN_FILE CA NODES PODS_PER_NODE NADS_JSON OUT_JSON
-  scale.py nads   STACK RANGES_BASE          the 8 NADs of a stack, as a JSON list (stdout)
+  scale.py nads   STACK RANGES_BASE [WB_CONF] the 8 NADs of a stack (plexus, multus), as a JSON list
+                                             (stdout); WB_CONF: whereabouts' flat config file
   scale.py plot   SCALE_JSON OUT_SVG         p99 CNI ADD and API requests per pod against N
   scale.py many-nads API TOKEN_FILE CA COUNT COUNT NADs no pod uses, in namespace scale-nads
 
@@ -57,9 +58,10 @@ class Api:
                 yield json.loads(line)
 
 
-def nads(stack, base):
+def nads(stack, base, whereabouts_conf=None):
     """The 8 RoCE networks of a stack: a macvlan on each rail's port, addresses from one /21 per
-    rail starting at 198.18.BASE.0, in the stack's IPAM on the Kubernetes API."""
+    rail starting at 198.18.BASE.0, in the stack's IPAM on the Kubernetes API (plexus: plexus-ipam's
+    Kubernetes store; multus: whereabouts, its kubeconfig in the flat config file named)."""
     out = []
     for i in range(RAILS):
         subnet = f"198.18.{base + 8 * i}.0/21"
@@ -69,6 +71,8 @@ def nads(stack, base):
         else:
             conf = {"cniVersion": "1.0.0", "type": "macvlan", "master": f"ens{i + 1}f0np0", "mode": "bridge",
                     "ipam": {"type": "whereabouts", "range": subnet}}
+            if whereabouts_conf:
+                conf["ipam"]["configuration_path"] = whereabouts_conf
         out.append({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
                     "metadata": {"name": f"rail{i + 1}", "namespace": NAMESPACE},
                     "spec": {"config": json.dumps(conf)}})
@@ -210,7 +214,7 @@ def duplicates(statuses):
     return {"addresses": len(holders), "duplicates": len(dups), "examples": dict(list(dups.items())[:5])}
 
 
-COLOURS = {"plexus": "#1f77b4", "whereabouts": "#d62728", "node-slice": "#2ca02c"}
+COLOURS = {"plexus": "#1f77b4", "multus+whereabouts": "#d62728", "whereabouts": "#d62728", "node-slice": "#2ca02c"}
 
 
 def plot(results):
@@ -282,7 +286,7 @@ def many_nads(api, count):
 
 def main(argv):
     if argv[1] == "nads":
-        json.dump(nads(argv[2], int(argv[3])), sys.stdout)
+        json.dump(nads(argv[2], int(argv[3]), argv[4] if len(argv) > 4 else None), sys.stdout)
         return
     if argv[1] == "plot":
         with open(argv[3], "w") as f:

@@ -1,31 +1,37 @@
 #!/usr/bin/env bash
-# plexus at N hollow nodes (scripts/cluster.sh up --hollow N; docs/hollow-nodes.md): for each N,
-# the 8 RoCE networks (8 NADs: plexus-macvlan on each rail's port, plexus-ipam's Kubernetes store
-# on whereabouts' objects, one /21 per rail), PODS pods per node created at once across all nodes
-# with all 8 networks, then deleted at once. Per N:
+# plexus at N hollow nodes (scripts/cluster.sh up --hollow N; docs/hollow-nodes.md), side by side
+# with the stack it replaces: for each stack of STACKS and each N, the 8 RoCE networks (8 NADs, a
+# macvlan on each rail's port, one /21 per rail: for plexus, plexus-macvlan with plexus-ipam's
+# Kubernetes store on whereabouts' objects through plexus-daemon; for multus, the reference
+# macvlan with whereabouts and its Lease through Multus thick's multus-daemon on every node), PODS
+# pods per node created at once across all nodes with all 8 networks, then deleted at once. Per
+# stack and N:
 #   - CNI ADD and DEL p50/p99 (the kubelet stand-in's timings of the shim's exec), pods Ready
 #     and gone p50/p99 (from the create or delete request to the watch event);
-#   - API requests per pod by plexus's service account (the audit log), and what they were;
+#   - API requests per pod by the stack's service accounts (the audit log: plexus; multus and
+#     whereabouts), and what they were;
 #   - the API server's and etcd's CPU seconds over the burst and their RSS; plexus-daemon's RSS
 #     per node (median and largest) after the burst, and again with 5,000 more NADs in the
 #     cluster (a namespace of NADs no pod uses); the watches open on the API server;
 #   - ResourceSlice writes per minute at steady state (a minute with nothing asked of the nodes);
-#   - a daemon restarted on a running cluster: from its start to ready (caches synced, slice
-#     published, registered with the stand-in);
+#   - a daemon restarted on a running cluster: from its start to ready (plexus-daemon: caches
+#     synced, slice published, registered with the stand-in; multus-daemon: its socket served);
 #   - duplicate addresses among the pods' secondary interfaces (must be 0);
-#   - plexus's lists and watches of pods that did not name the node (must be 0).
-# Writes OUT/scale-N.json, OUT/scale.json (all N) and OUT/scale.svg (p99 CNI ADD and API requests
-# per pod against N: docs/scale.svg is a copy); figures, never a pass/fail on time. BURST_TIMEOUT
-# (seconds, default 900) bounds the wait for the pods to be Ready and then gone.
+#   - the stack's lists and watches of pods that did not name the node (plexus: must be 0).
+# Writes OUT/scale-STACK-N.json, OUT/scale.json (all) and OUT/scale.svg (p99 CNI ADD and API
+# requests per pod against N, a line per stack: docs/scale.svg is a copy); figures, never a
+# pass/fail on time. BURST_TIMEOUT (seconds, default 900) bounds the wait for the pods to be Ready
+# and then gone: a stack that does not make it is a result, with what it left.
 #
-#   bash scripts/bench/scale.sh OUT                 # N = 16 64 128
-#   NODES="8 16" PODS=4 bash scripts/bench/scale.sh OUT
+#   bash scripts/bench/scale.sh OUT                 # STACKS="plexus multus", N = 16 64 128
+#   STACKS=plexus NODES="8 16" PODS=4 bash scripts/bench/scale.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: scripts/bench/scale.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 NODES=${NODES:-16 64 128}
+STACKS=${STACKS:-plexus multus}
 PODS=${PODS:-8}
 log() { echo "bench/scale.sh: $*" >&2; }
 
@@ -52,106 +58,115 @@ ok = [x["ms"] for x in v if x["verb"] == sys.argv[1] and not x["error"]]
 print(json.dumps(dict(spread(ok), failed=sum(1 for x in v if x["verb"] == sys.argv[1] and x["error"]))))' "$4"
 }
 
-# What the audit log's lines FROM..TO say plexus's service account asked, per verb and resource.
-audit_of_plexus() { # FROM TO
-  sed -n "$1,$2p" "$state/log/audit.log" | python3 -c '
+# The service accounts of a stack's node agents.
+accounts() { case $1 in plexus) echo plexus ;; multus) echo multus whereabouts ;; esac; }
+
+# What the audit log's lines FROM..TO say the stack's service accounts asked, per verb and resource.
+audit_of() { # STACK FROM TO
+  sed -n "$2,$3p" "$state/log/audit.log" | python3 -c '
 import json, sys, collections
+users = ["system:serviceaccount:kube-system:" + a for a in sys.argv[1:]]
 c = collections.Counter()
 for l in sys.stdin:
     e = json.loads(l)
-    if e["user"]["username"] != "system:serviceaccount:kube-system:plexus":
+    if e["user"]["username"] not in users:
         continue
     r = e.get("objectRef") or {}
     c[e["verb"] + " " + r.get("resource", "") + ("/" + r["subresource"] if r.get("subresource") else "")] += 1
-print(json.dumps({"total": sum(c.values()), "by": dict(c.most_common())}))'
+print(json.dumps({"total": sum(c.values()), "by": dict(c.most_common())}))' $(accounts "$1")
 }
 
-# How often plexus's service account listed or watched pods without naming its node (the whole
-# log: the daemons' starts, the burst, the restart). Multus lists every pod of the cluster at start
-# (multus-cni PR #1434); a node's daemon should never.
-cluster_wide_pod_reads() {
+# How often the stack's service accounts listed or watched pods without naming a node (the whole
+# log: the daemons' starts, the burst, the restart). Multus listed every pod of the cluster at
+# start before multus-cni PR #1434; a node's daemon should never.
+cluster_wide_pod_reads() { # STACK
   python3 -c '
 import json, sys
+users = ["system:serviceaccount:kube-system:" + a for a in sys.argv[2:]]
 n = 0
 for l in open(sys.argv[1]):
     e = json.loads(l)
     r = e.get("objectRef") or {}
-    if (e["user"]["username"] == "system:serviceaccount:kube-system:plexus" and e["verb"] in ("list", "watch")
+    if (e["user"]["username"] in users and e["verb"] in ("list", "watch")
             and r.get("resource") == "pods" and "spec.nodeName" not in e["requestURI"].replace("%3D", "=")):
         n += 1
-print(n)' "$state/log/audit.log"
+print(n)' "$state/log/audit.log" $(accounts "$1")
 }
 
 results=()
-for n in $NODES; do
-  log "$n hollow nodes"
-  bash scripts/cluster.sh up --hollow "$n" > "$env_file"
-  set -a
-  # shellcheck disable=SC1090
-  . "$env_file"
-  set +a
-  state=$(dirname "$KUBECONFIG")
-  kctl() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
-  awk -F, 'NR == 1 {print $1}' "$state/pki/tokens.csv" > "$out/.token"
-  api=https://198.18.250.1:6443
-  python3 scripts/bench/scale.py nads plexus 0 > "$out/nads-plexus.json"
-  apiserver=$(cat "$state/pids/kube-apiserver") etcd=$(cat "$state/pids/etcd")
-  watches=$(kctl get --raw /metrics | awk '/^apiserver_longrunning_requests\{.*verb="WATCH"/ {s += $2} END {print s + 0}')
+for stack in $STACKS; do
+  case $stack in plexus) label=plexus ;; multus) label=multus+whereabouts ;; *) log "STACKS: plexus, multus"; exit 2 ;; esac
+  for n in $NODES; do
+    log "$label: $n hollow nodes"
+    bash scripts/cluster.sh up --hollow "$n" --hollow-stack "$stack" > "$env_file"
+    set -a
+    # shellcheck disable=SC1090
+    . "$env_file"
+    set +a
+    state=$(dirname "$KUBECONFIG")
+    kctl() { ip netns exec "$NODE_NETNS" "$PEERS_BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+    awk -F, 'NR == 1 {print $1}' "$state/pki/tokens.csv" > "$out/.token"
+    api=https://198.18.250.1:6443
+    python3 scripts/bench/scale.py nads "$stack" 0 "$HOLLOW_DIR/whereabouts.conf" > "$out/nads-$stack.json"
+    apiserver=$(cat "$state/pids/kube-apiserver") etcd=$(cat "$state/pids/etcd")
+    watches=$(kctl get --raw /metrics | awk '/^apiserver_longrunning_requests\{.*verb="WATCH"/ {s += $2} END {print s + 0}')
 
-  log "$n nodes: $((n * PODS)) pods at once, then deleted"
-  a0=$(($(wc -l < "$state/log/audit.log") + 1)) t0=$(($(wc -l < "$HOLLOW_TIMINGS" 2> /dev/null || echo 0) + 1))
-  c0_api=$(cpu "$apiserver") c0_etcd=$(cpu "$etcd")
-  ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py burst "$api" "$out/.token" "$state/pki/ca.crt" \
-    "$n" "$PODS" "$out/nads-plexus.json" "$out/scale-$n-burst.json" > /dev/null
-  c1_api=$(cpu "$apiserver") c1_etcd=$(cpu "$etcd")
-  a1=$(wc -l < "$state/log/audit.log") t1=$(wc -l < "$HOLLOW_TIMINGS")
-  daemon_rss=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
-    awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
+    log "$label, $n nodes: $((n * PODS)) pods at once, then deleted"
+    a0=$(($(wc -l < "$state/log/audit.log") + 1)) t0=$(($(wc -l < "$HOLLOW_TIMINGS" 2> /dev/null || echo 0) + 1))
+    c0_api=$(cpu "$apiserver") c0_etcd=$(cpu "$etcd")
+    ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py burst "$api" "$out/.token" "$state/pki/ca.crt" \
+      "$n" "$PODS" "$out/nads-$stack.json" "$out/scale-$stack-$n-burst.json" > /dev/null
+    c1_api=$(cpu "$apiserver") c1_etcd=$(cpu "$etcd")
+    a1=$(wc -l < "$state/log/audit.log") t1=$(wc -l < "$HOLLOW_TIMINGS")
+    daemon_rss=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
+      awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
 
-  log "$n nodes: a minute at steady state"
-  a2=$(($(wc -l < "$state/log/audit.log") + 1))
-  sleep 60
-  a3=$(wc -l < "$state/log/audit.log")
-  slice_writes=$(sed -n "$a2,${a3}p" "$state/log/audit.log" | grep '"resource":"resourceslices"' |
-    grep -c -E '"verb":"(create|update|patch|delete)"' || true)
+    log "$label, $n nodes: a minute at steady state"
+    a2=$(($(wc -l < "$state/log/audit.log") + 1))
+    sleep 60
+    a3=$(wc -l < "$state/log/audit.log")
+    slice_writes=$(sed -n "$a2,${a3}p" "$state/log/audit.log" | grep '"resource":"resourceslices"' |
+      grep -c -E '"verb":"(create|update|patch|delete)"' || true)
 
-  log "$n nodes: a daemon restarted"
-  ready_ms=$(bash scripts/cluster.sh hollow-restart 1)
+    log "$label, $n nodes: a daemon restarted"
+    ready_ms=$(bash scripts/cluster.sh hollow-restart 1)
 
-  log "$n nodes: 5,000 NADs in the cluster"
-  nads_made=$(ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py many-nads "$api" "$out/.token" \
-    "$state/pki/ca.crt" 5000)
-  sleep 15 # the daemons' watches deliver them
-  rss_5000=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
-    awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
+    log "$label, $n nodes: 5,000 NADs in the cluster"
+    nads_made=$(ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py many-nads "$api" "$out/.token" \
+      "$state/pki/ca.crt" 5000)
+    sleep 15 # the daemons' watches deliver them
+    rss_5000=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
+      awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
 
-  python3 - "$out/scale-$n.json" << EOF
+    python3 - "$out/scale-$stack-$n.json" << EOF
 import json, sys
-burst = json.load(open("$out/scale-$n-burst.json"))
+burst = json.load(open("$out/scale-$stack-$n-burst.json"))
 pods = burst["pods"]
 # JSON the shell functions printed (a spread with no successful ADD has nulls).
-audit = json.loads(r"""$(audit_of_plexus "$a0" "$a1")""")
+audit = json.loads(r"""$(audit_of "$stack" "$a0" "$a1")""")
 add_ms = json.loads(r"""$(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" ADD)""")
 del_ms = json.loads(r"""$(cni_spread "$HOLLOW_TIMINGS" "$t0" "$t1" DEL)""")
 json.dump({
-  "nodes": $n, "pods": pods, "networks_per_pod": 8,
+  "stack": "$label", "nodes": $n, "pods": pods, "networks_per_pod": 8,
   "cni_add_ms": add_ms, "cni_del_ms": del_ms,
   "pod_ready_ms": burst["ready_ms"], "pod_gone_ms": burst["gone_ms"],
   "all_ready_s": burst["all_ready_s"], "not_ready": burst["not_ready_count"], "errors": burst["errors"],
+  "not_gone": burst["not_gone_count"],
   "api_requests_per_pod": round(audit["total"] / pods, 2), "api_requests": audit["by"],
   "apiserver_cpu_s": round($c1_api - $c0_api, 1), "etcd_cpu_s": round($c1_etcd - $c0_etcd, 1),
   "apiserver_cpu_s_per_pod": round(($c1_api - $c0_api) / pods, 3),
   "apiserver_rss_mib": round($(rss_kib "$apiserver") / 1024), "etcd_rss_mib": round($(rss_kib "$etcd") / 1024),
   "daemon_rss": $daemon_rss, "watches_open": $watches,
   "nads_in_cluster": 8 + $nads_made, "daemon_rss_with_nads": $rss_5000,
-  "cluster_wide_pod_reads": $(cluster_wide_pod_reads),
+  "cluster_wide_pod_reads": $(cluster_wide_pod_reads "$stack"),
   "resourceslice_writes_per_minute": $slice_writes, "daemon_start_to_ready_ms": $ready_ms,
   "duplicates": burst["duplicates"],
 }, open(sys.argv[1], "w"), indent=1)
 EOF
-  results+=("$out/scale-$n.json")
-  cat "$out/scale-$n.json" >&2
-  bash scripts/cluster.sh down > /dev/null
+    results+=("$out/scale-$stack-$n.json")
+    cat "$out/scale-$stack-$n.json" >&2
+    bash scripts/cluster.sh down > /dev/null
+  done
 done
 python3 -c 'import json, sys; json.dump([json.load(open(f)) for f in sys.argv[2:]], open(sys.argv[1], "w"), indent=1)' \
   "$out/scale.json" "${results[@]}"

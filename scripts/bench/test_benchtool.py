@@ -48,6 +48,9 @@ class ScaleDuplicates(unittest.TestCase):
             self.assertEqual([n["metadata"]["name"] for n in nads], [f"rail{i}" for i in range(1, 9)])
             self.assertEqual({(c["type"], c["ipam"]["type"]) for c in confs}, {(plugin, ipam)})
             self.assertEqual(len({c["ipam"]["range"] for c in confs}), 8)
+        # whereabouts finds its kubeconfig through the flat config file named.
+        confs = [json.loads(n["spec"]["config"]) for n in scale.nads("multus", 0, "/x/whereabouts.conf")]
+        self.assertEqual({c["ipam"]["configuration_path"] for c in confs}, {"/x/whereabouts.conf"})
 
     def test_the_plot_draws_a_line_per_stack_on_both_panels_and_marks_failed_adds(self):
         import xml.etree.ElementTree as ET

@@ -15,6 +15,11 @@
 # - plexus's conflist (the meta-plugin through the daemon; the cluster network a bridge with
 #   host-local, as the real node's bootstrap network) and node policy (its data and the
 #   kubernetes store's credentials), under $state/hollow/K;
+# or, with the stack `multus` (`up --hollow-stack multus`, the peers side by side), in place of
+# plexus-daemon and its files: Multus thick's multus-daemon in that namespace as its DaemonSet
+# runs it (in-cluster credentials of its ServiceAccount, MULTUS_NODE_NAME, "multusConfigFile":
+# "auto" around the same cluster network), the multus-shim conflist, and the reference plugins
+# and whereabouts (its Lease, its ServiceAccount's kubeconfig in a flat file) as its delegates;
 # and one kubelet stand-in (plexus-test-hollow-kubelet) serves every hollow node: a pod watch
 # per node, a sandbox namespace and the CNI ADD and DEL through the `plexus` shim for its pods.
 # The plexus binaries are the shipped build (scripts/build-release.sh) unless PLEXUS_HOLLOW_BIN
@@ -40,12 +45,15 @@ hollow_start() {
   echo $! > "$hollow/pids/$name"
 }
 
-# hollow_up N: N hollow nodes on the control plane `up` started.
+# hollow_up N STACK: N hollow nodes on the control plane `up` started, each with STACK's node
+# agent: plexus (plexus-daemon) or multus (multus-daemon, the reference plugins, whereabouts).
 hollow_up() {
-  local n=$1 k bin kubelet kwok
+  local n=$1 stack=$2 k bin kubelet kwok
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 1000 ] || { log "--hollow: 1 to 1000"; exit 2; }
+  case $stack in plexus | multus) ;; *) log "--hollow-stack: plexus or multus"; exit 2 ;; esac
   mkdir -p "$hollow"/{pids,log,bin}
   echo "$n" > "$hollow/nodes"
+  echo "$stack" > "$hollow/stack"
   kwok=$(bash scripts/peers.sh kwok)/kwok
   bin=${PLEXUS_HOLLOW_BIN:-} kubelet=${PLEXUS_HOLLOW_KUBELET:-}
   if [ -z "$bin" ] || [ -z "$kubelet" ]; then
@@ -54,17 +62,21 @@ hollow_up() {
     built=$(bash scripts/build-release.sh "${SHIPPED_BUILD[@]}" --bin plexus-test-hollow-kubelet)
     bin=${bin:-$built} kubelet=${kubelet:-$built/plexus-test-hollow-kubelet}
   fi
-  cp "$bin"/{plexus,plexus-daemon,plexus-macvlan,plexus-host-device,plexus-ipam} "$hollow/bin/"
   cp "$PEERS_BIN"/{bridge,host-local,loopback} "$hollow/bin/"
   cp "$kubelet" "$hollow/plexus-test-hollow-kubelet"
-
-  log "hollow nodes: plexus's service account and RBAC (the chart's), its token"
-  "$PEERS_BIN/helm" template plexus deploy/helm/plexus --namespace kube-system --set mode=daemon --set dra.enabled=true \
-    --set ipamKubernetesStore.enabled=true --show-only templates/serviceaccount.yaml \
-    --show-only templates/rbac.yaml --show-only templates/rbac-ipam-kubernetes.yaml |
-    in_node "${kubectl[@]}" apply -f - > /dev/null
-  kubeconfig "$hollow/plexus.kubeconfig" \
-    "$(in_node "${kubectl[@]}" -n kube-system create token plexus --duration 48h)"
+  if [ "$stack" = plexus ]; then
+    cp "$bin"/{plexus,plexus-daemon,plexus-macvlan,plexus-host-device,plexus-ipam} "$hollow/bin/"
+    log "hollow nodes: plexus's service account and RBAC (the chart's), its token"
+    "$PEERS_BIN/helm" template plexus deploy/helm/plexus --namespace kube-system --set mode=daemon \
+      --set dra.enabled=true --set ipamKubernetesStore.enabled=true --show-only templates/serviceaccount.yaml \
+      --show-only templates/rbac.yaml --show-only templates/rbac-ipam-kubernetes.yaml |
+      in_node "${kubectl[@]}" apply -f - > /dev/null
+    kubeconfig "$hollow/plexus.kubeconfig" \
+      "$(in_node "${kubectl[@]}" -n kube-system create token plexus --duration 48h)"
+  else
+    cp "$PEERS_BIN"/{multus-shim,macvlan,whereabouts} "$hollow/bin/"
+    hollow_multus_credentials
+  fi
 
   log "hollow nodes: the management segment"
   # Node 1's k8s0 joins the fabric's management bridge (with one real node it is not on one) and
@@ -77,7 +89,7 @@ hollow_up() {
   ip -n "$NODE1_NETNS" addr add "198.18.224.1/20" dev k8s0
 
   log "hollow nodes: $n namespaces, ports, sysfs, Node objects"
-  for k in $(seq "$n"); do hollow_node "$k"; done
+  for k in $(seq "$n"); do hollow_node "$k" "$stack"; done
   for k in $(seq "$n"); do hollow_node_object "$k"; done | in_node "${kubectl[@]}" apply -f - > /dev/null
 
   log "hollow nodes: kwok"
@@ -89,17 +101,59 @@ hollow_up() {
     --cidr 198.19.0.0/17
   wait_log=$hollow/log/kwok.log wait_for "hollow nodes Ready" 120 hollow_nodes_ready "$n"
 
-  log "hollow nodes: plexus-daemon on each"
-  for k in $(seq "$n"); do hollow_daemon "$k"; done
-  hollow_kubelet_config "$n" > "$hollow/kubelet.json"
+  log "hollow nodes: $(hollow_agent_name) on each"
+  for k in $(seq "$n"); do hollow_agent "$k"; done
+  hollow_kubelet_config "$n" "$stack" > "$hollow/kubelet.json"
   # In node 1's network namespace (the apiserver's address) but the host's mount namespace, where
   # the sandboxes' namespaces it makes are mounted (`ip netns exec` would give it a mount
   # namespace of its own, whose mounts the daemons would not see).
   hollow_start kubelet nsenter --net="/run/netns/$NODE1_NETNS" "$hollow/plexus-test-hollow-kubelet" "$hollow/kubelet.json"
   for k in $(seq "$n"); do
-    wait_log=$hollow/log/daemon-$k.log wait_for "plexus-daemon on $(hollow_name "$k")" 60 \
-      in_node busybox wget -q -O /dev/null "http://$(hollow_addr "$k"):9134/readyz"
+    wait_log=$hollow/log/daemon-$k.log wait_for "$(hollow_agent_name) on $(hollow_name "$k")" 60 hollow_agent_ready "$k"
   done
+}
+
+# The node agent of the hollow nodes' stack, by name.
+hollow_agent_name() {
+  case $(cat "$hollow/stack") in plexus) echo plexus-daemon ;; multus) echo multus-daemon ;; esac
+}
+
+# hollow_agent K: node K's agent started (its PID in pids/daemon-K, its log log/daemon-K.log).
+hollow_agent() {
+  case $(cat "$hollow/stack") in plexus) hollow_daemon "$1" ;; multus) hollow_multus "$1" ;; esac
+}
+
+# hollow_agent_ready K: node K's agent serves: plexus-daemon's /readyz (caches synced, slice
+# published, registered by the stand-in), multus-daemon's socket.
+hollow_agent_ready() {
+  case $(cat "$hollow/stack") in
+    plexus) in_node busybox wget -q -O /dev/null "http://$(hollow_addr "$1"):9134/readyz" 2> /dev/null ;;
+    multus) [ -S "$hollow/$1/run/multus/multus.sock" ] ;;
+  esac
+}
+
+# hollow_multus_credentials: Multus thick's and whereabouts' ServiceAccounts and RBAC (their own
+# manifests'), multus-daemon's in-cluster token and CA (bound where client-go looks for them in
+# each multus-daemon's mount namespace) and whereabouts' flat config with its kubeconfig.
+hollow_multus_credentials() {
+  log "hollow nodes: Multus thick's and whereabouts' service accounts and RBAC (their manifests'), tokens"
+  {
+    python3 scripts/bench/benchtool.py rbac-docs "$PEERS_BIN/../share/multus/deployments/multus-daemonset-thick.yml"
+    echo
+    python3 scripts/bench/benchtool.py rbac-docs "$PEERS_BIN/../share/whereabouts/doc/crds/daemonset-install.yaml"
+  } | in_node "${kubectl[@]}" apply -f - > /dev/null
+  mkdir -p "$hollow/multus-sa"
+  in_node "${kubectl[@]}" -n kube-system create token multus --duration 48h > "$hollow/multus-sa/token"
+  cp "$state/pki/ca.crt" "$hollow/multus-sa/ca.crt"
+  kubeconfig "$hollow/whereabouts.kubeconfig" \
+    "$(in_node "${kubectl[@]}" -n kube-system create token whereabouts --duration 48h)"
+  printf '{"datastore": "kubernetes", "kubernetes": {"kubeconfig": "%s"}, "log_level": "error"}\n' \
+    "$hollow/whereabouts.kubeconfig" > "$hollow/whereabouts.conf"
+  # The mount point of the in-cluster credentials (empty on the host; removed by `down` if made here).
+  if [ ! -d "$SA_DIR" ]; then
+    mkdir -p "$SA_DIR"
+    touch "$hollow/made-sa-dir"
+  fi
 }
 
 hollow_nodes_ready() {
@@ -109,9 +163,9 @@ hollow_nodes_ready() {
   [ "$ready" = "$1" ]
 }
 
-# hollow_node K: node K's namespace, ports, fake sysfs, files.
+# hollow_node K STACK: node K's namespace, ports, fake sysfs, files.
 hollow_node() {
-  local k=$1 ns dir addr i batch
+  local k=$1 stack=$2 ns dir addr i batch cluster
   ns=$(hollow_netns "$k") dir=$hollow/$k addr=$(hollow_addr "$k")
   mkdir -p "$dir"/{net.d,data,devinfo,run,cni,host-local,kubelet,cdi,dev}
   chmod 700 "$dir"
@@ -131,6 +185,31 @@ link set r$i up"
   echo "$batch" | ip -n "$ns" -batch -
   # shellcheck disable=SC2086
   roce_sysfs "$dir/sys" $HOLLOW_PORTS
+  # The cluster network: a bridge with host-local, as the real node's bootstrap network.
+  cluster=$(
+    cat << EOF
+{"cniVersion": "1.0.0", "name": "cluster", "plugins": [
+     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+      "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.19.128.0/24"}]], "dataDir": "$dir/host-local"}},
+     {"type": "loopback"}]}
+EOF
+  )
+  if [ "$stack" = multus ]; then
+    mkdir -p "$dir"/{multus-net.d,multus-cache,run/multus}
+    echo "$cluster" > "$dir/multus-net.d/10-cluster.conflist"
+    cat > "$dir/multus.json" << EOF
+{"chrootDir": "/", "cniVersion": "0.3.1", "logLevel": "error", "logToStderr": true,
+ "cniConfigDir": "$dir/multus-net.d", "multusAutoconfigDir": "$dir/multus-net.d", "multusConfigFile": "auto",
+ "socketDir": "$dir/run/multus", "binDir": "$hollow/bin", "cniDir": "$dir/multus-cache"}
+EOF
+    # What multus-daemon's "auto" writes beside the cluster network (the shim's socket, the cluster
+    # network), as the conflist the runtime runs.
+    cat > "$dir/net.d/00-multus.conflist" << EOF
+{"cniVersion": "0.3.1", "name": "multus-cni-network", "plugins": [{"type": "multus-shim",
+  "daemonSocketDir": "$dir/run/multus", "clusterNetwork": "$dir/multus-net.d/10-cluster.conflist"}]}
+EOF
+    return
+  fi
   printf '{"dataRoots": ["%s"], "deviceInfoDir": "%s", "kubernetes": {"kubeconfig": "%s", "namespace": "kube-system"}}\n' \
     "$dir/data" "$dir/devinfo" "$hollow/plexus.kubeconfig" > "$dir/policy.json"
   chmod 600 "$dir/policy.json"
@@ -138,10 +217,7 @@ link set r$i up"
 {"cniVersion": "1.1.0", "name": "plexus", "plugins": [
   {"type": "plexus", "kubeconfig": "$hollow/plexus.kubeconfig", "binDir": "$hollow/bin",
    "daemonSocket": "$dir/run/daemon.sock", "draClaimsDir": "$dir/run/dra-claims", "cniDir": "$dir/cni",
-   "delegates": [{"cniVersion": "1.0.0", "name": "cluster", "plugins": [
-     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-      "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.19.128.0/24"}]], "dataDir": "$dir/host-local"}},
-     {"type": "loopback"}]}]}]}
+   "delegates": [$cluster]}]}
 EOF
 }
 
@@ -178,14 +254,33 @@ hollow_daemon() {
     --dev-root "$dir/dev" --dra-claims-dir "$dir/run/dra-claims"
 }
 
+# Where client-go's in-cluster configuration reads the ServiceAccount's token and CA.
+SA_DIR=/run/secrets/kubernetes.io/serviceaccount
+
+# hollow_multus K: Multus thick's multus-daemon on node K, as its DaemonSet runs it: in the node's
+# network namespace, its ServiceAccount's token and CA bound at $SA_DIR in a mount namespace of
+# its own (slave to the host's: the sandboxes' namespaces the stand-in mounts reach it), the API
+# server's address in KUBERNETES_SERVICE_HOST, the node's name in MULTUS_NODE_NAME (its pod
+# informer then lists and watches only the node's pods).
+hollow_multus() {
+  local k=$1
+  hollow_start "daemon-$k" ip netns exec "$(hollow_netns "$k")" unshare -m --propagation slave -- \
+    sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' "$hollow/multus-sa" "$SA_DIR" \
+    env KUBERNETES_SERVICE_HOST="$API_ADDR" KUBERNETES_SERVICE_PORT=6443 MULTUS_NODE_NAME="$(hollow_name "$k")" \
+    "$PEERS_BIN/multus-daemon" -config "$hollow/$k/multus.json"
+}
+
+# hollow_kubelet_config N STACK: the stand-in's config (plexus's nodes also have the DRA plugin
+# registry, and the node policy in the runtime's environment).
 hollow_kubelet_config() {
-  local k sep=""
+  local k sep="" extra=""
   printf '{"kubeconfig": "%s", "timings": "%s", "netnsPrefix": "%s", "nodes": [\n' \
     "$state/admin.kubeconfig" "$hollow/cni-timings.jsonl" "$HOLLOW_SANDBOX_PREFIX"
   for k in $(seq "$1"); do
-    printf '%s{"name": "%s", "netns": "%s", "confFile": "%s", "binDir": "%s", "registry": "%s", "env": {"PLEXUS_POLICY": "%s"}}\n' \
-      "$sep" "$(hollow_name "$k")" "$(hollow_netns "$k")" "$hollow/$k/net.d/00-plexus.conflist" "$hollow/bin" \
-      "$hollow/$k/kubelet/plugins_registry" "$hollow/$k/policy.json"
+    [ "$2" = plexus ] && extra=$(printf ', "registry": "%s", "env": {"PLEXUS_POLICY": "%s"}' \
+      "$hollow/$k/kubelet/plugins_registry" "$hollow/$k/policy.json")
+    printf '%s{"name": "%s", "netns": "%s", "confFile": "%s", "binDir": "%s"%s}\n' \
+      "$sep" "$(hollow_name "$k")" "$(hollow_netns "$k")" "$hollow/$k/net.d/00-$2.conflist" "$hollow/bin" "$extra"
     sep=,
   done
   echo ']}'
@@ -309,23 +404,34 @@ spec:
 EOF
 }
 
-# hollow_down: every process, namespace and file of the hollow nodes (`down` calls it first).
-hollow_down() {
-  local f ns
-  for f in "$hollow"/pids/*; do
+# hollow_stop SECONDS PIDFILE...: the process groups these files name (each started by
+# hollow_start, a session of its own) sent SIGTERM, waited for up to SECONDS, then SIGKILLed.
+hollow_stop() {
+  local wait=$1 f alive
+  shift
+  for f in "$@"; do
     [ -f "$f" ] && { kill -TERM -- "-$(cat "$f")" 2> /dev/null || true; }
   done
-  for _ in $(seq 20); do
-    local alive=0
-    for f in "$hollow"/pids/*; do
+  for _ in $(seq $((wait * 10))); do
+    alive=0
+    for f in "$@"; do
       [ -f "$f" ] && kill -0 -- "-$(cat "$f")" 2> /dev/null && alive=1
     done
-    [ "$alive" = 0 ] && break
+    [ "$alive" = 0 ] && return 0
     sleep 0.1
   done
-  for f in "$hollow"/pids/*; do
+  for f in "$@"; do
     [ -f "$f" ] && { kill -KILL -- "-$(cat "$f")" 2> /dev/null || true; }
   done
+}
+
+# hollow_down: every process, namespace and file of the hollow nodes (`down` calls it first).
+hollow_down() {
+  local ns
+  hollow_stop 2 "$hollow"/pids/*
+  if [ -f "$hollow/made-sa-dir" ]; then
+    rmdir "$SA_DIR" "$(dirname "$SA_DIR")" "$(dirname "$(dirname "$SA_DIR")")" 2> /dev/null || true
+  fi
   for ns in $(ip netns list | awk -v h="$NODE1_NETNS-h" -v s="$HOLLOW_SANDBOX_PREFIX" \
     'index($1, h) == 1 || index($1, s) == 1 {print $1}'); do
     ip netns del "$ns" 2> /dev/null || true
@@ -333,10 +439,11 @@ hollow_down() {
   rm -rf "$hollow"
 }
 
-# hollow_keys N: what `up` prints about the hollow nodes.
+# hollow_keys N STACK: what `up` prints about the hollow nodes.
 hollow_keys() {
   cat << EOF2
 HOLLOW_NODES=$1
+HOLLOW_STACK=$2
 HOLLOW_DIR=$hollow
 HOLLOW_TIMINGS=$hollow/cni-timings.jsonl
 HOLLOW_SANDBOX_PREFIX=$HOLLOW_SANDBOX_PREFIX
@@ -347,28 +454,23 @@ EOF2
   done
 }
 
-# hollow_restart K: node K's plexus-daemon stopped (SIGTERM, waited for) and started again on the
-# running cluster; prints the milliseconds from its start to ready (/readyz: caches synced, slice
-# published, registered by the kubelet stand-in).
+# hollow_restart K: node K's agent stopped (SIGTERM, waited for) and started again on the running
+# cluster; prints the milliseconds from its start to ready (hollow_agent_ready).
 hollow_restart() {
-  local k=$1 f pid t0
-  f=$hollow/pids/daemon-$k
-  [ -f "$f" ] || { log "hollow node $k has no plexus-daemon"; exit 2; }
-  pid=$(cat "$f")
-  kill -TERM -- "-$pid" 2> /dev/null || true
-  for _ in $(seq 300); do
-    kill -0 "$pid" 2> /dev/null || break
-    sleep 0.1
-  done
+  local k=$1 t0
+  [ -f "$hollow/pids/daemon-$k" ] || { log "hollow node $k has no agent"; exit 2; }
+  hollow_stop 30 "$hollow/pids/daemon-$k"
+  # multus-daemon's socket outlives a stopped daemon: only a new one says it is ready.
+  rm -f "$hollow/$k/run/multus/multus.sock"
   t0=$(date +%s%N)
-  hollow_daemon "$k"
+  hollow_agent "$k"
   for _ in $(seq 3000); do
-    if in_node busybox wget -q -O /dev/null "http://$(hollow_addr "$k"):9134/readyz" 2> /dev/null; then
+    if hollow_agent_ready "$k"; then
       echo $((($(date +%s%N) - t0) / 1000000))
       return 0
     fi
     sleep 0.01
   done
-  log "plexus-daemon on $(hollow_name "$k") not ready after 30 s"
+  log "$(hollow_agent_name) on $(hollow_name "$k") not ready after 30 s"
   return 1
 }
