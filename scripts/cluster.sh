@@ -13,12 +13,13 @@
 #                                  # NODE_NAME_K, NODE_STATE_K (its files; bound over the state
 #                                  # dir's paths inside its mount namespace, so one set of paths
 #                                  # — the chart's — serves every node)
-#   bash scripts/cluster.sh up --hollow N [--nodes K] [--hollow-stack plexus|multus]
+#   bash scripts/cluster.sh up --hollow N [--nodes K] [--hollow-stack plexus|multus|nodeslice]
 #                                  # N hollow nodes (scripts/lib/hollow.sh; docs/hollow-nodes.md):
 #                                  # Node objects kept by kwok, each its own network namespace
 #                                  # with eight ports and a fake sysfs, the real plexus-daemon (or,
 #                                  # with --hollow-stack multus, Multus thick's multus-daemon with
-#                                  # the reference plugins and whereabouts), and one kubelet
+#                                  # the reference plugins and whereabouts; nodeslice: the same,
+#                                  # whereabouts in its node-slice mode), and one kubelet
 #                                  # stand-in for all of them making the CNI calls; on the control
 #                                  # plane alone, or beside K real nodes
 #   bash scripts/cluster.sh hollow-restart K
@@ -373,7 +374,7 @@ up() {
     case $1 in
       --nodes) nodes=${2:?--nodes N}; shift 2 ;;
       --hollow) hollow_nodes=${2:?--hollow N}; shift 2 ;;
-      --hollow-stack) hollow_stack=${2:?--hollow-stack plexus or multus}; shift 2 ;;
+      --hollow-stack) hollow_stack=${2:?--hollow-stack plexus, multus or nodeslice}; shift 2 ;;
       *) log "up: unknown argument $1"; exit 2 ;;
     esac
   done

@@ -26,7 +26,8 @@
 #   bash scripts/peers.sh dranet     # a peer only a benchmark uses: its own bin dir
 #
 # Peers only a benchmark uses (dranet, for scripts/bench/dra.sh; kwok, for the hollow nodes of
-# `cluster.sh up --hollow`) are not in the set the tests use:
+# `cluster.sh up --hollow`; nodeslice, whereabouts' node-slice controller for their benchmark's
+# `--hollow-stack nodeslice`) are not in the set the tests use:
 # `peers.sh MODULE` builds that module alone (cached the same way) and prints its directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +65,7 @@ declare -A binaries=(
 declare -A bench_binaries=(
   [dranet]="dranet=github.com/google/dranet/cmd/dranet"
   [kwok]="kwok=sigs.k8s.io/kwok/cmd/kwok"
+  [nodeslice]="whereabouts-node-slice-controller=github.com/k8snetworkplumbingwg/whereabouts/cmd/nodeslicecontroller"
 )
 # Files of a module the scripts read besides its binaries (module path:dir): whereabouts' CRDs
 # and DaemonSet manifest (scripts/cluster.sh, the benchmarks), Multus's manifests (the

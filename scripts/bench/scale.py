@@ -6,14 +6,19 @@ then all of them deleted at once and each one's disappearance seen on the watch.
 report; nothing here is a verdict.
 
   scale.py burst  API TOKEN_FILE CA NODES PODS_PER_NODE NADS_JSON OUT_JSON
-  scale.py nads   STACK RANGES_BASE [WB_CONF] the 8 NADs of a stack (plexus, multus), as a JSON list
-                                             (stdout); WB_CONF: whereabouts' flat config file
+  scale.py nads   STACK RANGES_BASE [WB_CONF] the 8 NADs of a stack (plexus, multus, nodeslice), as a
+                                             JSON list (stdout); WB_CONF: whereabouts' flat config file
+  scale.py slices API TOKEN_FILE CA NADS_JSON NODES  the NADs made, then waits until whereabouts'
+                                             controller gave each of NODES nodes a slice of each
+  scale.py churn  API TOKEN_FILE CA NODES PODS_PER_NODE NADS_JSON SECONDS RATE OUT_JSON
+                                             a steady churn (churn()), RATE pods replaced a second
   scale.py plot   SCALE_JSON OUT_SVG         p99 CNI ADD and API requests per pod against N
   scale.py many-nads API TOKEN_FILE CA COUNT COUNT NADs no pod uses, in namespace scale-nads
 
 A pod keeps the default grace period: deleted, it goes once its node released it (the hollow
 nodes' kubelet stand-in ran its DEL), as on a real node.
 """
+import collections
 import json
 import os
 import ssl
@@ -61,7 +66,12 @@ class Api:
 def nads(stack, base, whereabouts_conf=None):
     """The 8 RoCE networks of a stack: a macvlan on each rail's port, addresses from one /21 per
     rail starting at 198.18.BASE.0, in the stack's IPAM on the Kubernetes API (plexus: plexus-ipam's
-    Kubernetes store; multus: whereabouts, its kubeconfig in the flat config file named)."""
+    Kubernetes store; multus: whereabouts, its kubeconfig in the flat config file named; nodeslice:
+    the same in whereabouts' node-slice mode, a /28 of the rail's range per node)."""
+    # whereabouts' node-slice controller makes each NAD the owner of its NodeSlicePool, which lives
+    # in whereabouts' namespace (kube-system): an owner in another namespace is no owner to the
+    # garbage collector, which deletes the pool at once. Its NADs are in kube-system too.
+    nad_namespace = "kube-system" if stack == "nodeslice" else NAMESPACE
     out = []
     for i in range(RAILS):
         subnet = f"198.18.{base + 8 * i}.0/21"
@@ -73,16 +83,23 @@ def nads(stack, base, whereabouts_conf=None):
                     "ipam": {"type": "whereabouts", "range": subnet}}
             if whereabouts_conf:
                 conf["ipam"]["configuration_path"] = whereabouts_conf
+            if stack == "nodeslice":
+                # Each network's NodeSlicePool is named after its network_name, which node slices
+                # require (unnamed, every NAD is taken for one network: "IPAM conf mismatch").
+                conf["name"] = f"rail{i + 1}"
+                conf["ipam"]["network_name"] = f"rail{i + 1}"
+                conf["ipam"]["node_slice_size"] = "/28"
         out.append({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-                    "metadata": {"name": f"rail{i + 1}", "namespace": NAMESPACE},
+                    "metadata": {"name": f"rail{i + 1}", "namespace": nad_namespace},
                     "spec": {"config": json.dumps(conf)}})
     return out
 
 
-def pod(name, node):
+def pod(name, node, nad_list):
+    networks = ",".join(f"{n['metadata']['namespace']}/{n['metadata']['name']}" for n in nad_list)
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NAMESPACE,
-                         "annotations": {"k8s.v1.cni.cncf.io/networks": ",".join(f"rail{i + 1}" for i in range(RAILS))}},
+                         "annotations": {"k8s.v1.cni.cncf.io/networks": networks}},
             "spec": {"nodeName": node, "tolerations": [{"key": "plexus.dev/hollow", "operator": "Exists"}],
                      "containers": [{"name": "c", "image": "localhost/plexus-busybox:test"}]}}
 
@@ -133,7 +150,8 @@ class Watch:
 def ensure_namespace(api, nad_list):
     api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     for n in nad_list:
-        s, b = api.call("POST", f"/apis/k8s.cni.cncf.io/v1/namespaces/{NAMESPACE}/network-attachment-definitions", n)
+        ns = n["metadata"]["namespace"]
+        s, b = api.call("POST", f"/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions", n)
         if s not in (201, 409):
             raise SystemExit(f"scale.py: NAD {n['metadata']['name']}: {s} {b}")
 
@@ -161,7 +179,7 @@ def burst(api, nodes, per_node, nad_list, timeout=None):
     def create(item):
         name, node = item
         sent[name] = now_ms()
-        s, b = api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod(name, node))
+        s, b = api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod(name, node, nad_list))
         if s != 201:
             errors.append(f"create {name}: {s} {b and b.get('message')}")
 
@@ -201,20 +219,105 @@ def burst(api, nodes, per_node, nad_list, timeout=None):
     }
 
 
-def duplicates(statuses):
-    """Addresses given to more than one pod's secondary interfaces (from network-status)."""
-    holders = {}
+def live_statuses(api):
+    """The network-status of each pod not being deleted (a deleted pod's addresses may be taken
+    again once its DEL ran, before its object goes)."""
+    s, lst = api.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+    return {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get("k8s.v1.cni.cncf.io/network-status")
+            for p in lst["items"] if not p["metadata"].get("deletionTimestamp")}
+
+
+def churn(api, nodes, per_node, nad_list, seconds, rate, timeout=None):
+    """A steady churn: PER_NODE/2 pods on each node (at once, waited Ready), then for SECONDS,
+    RATE times a second, the oldest pod deleted and a new one created on its node (16 clients);
+    each new pod's time from its create to Ready. Every 5 s the live pods' addresses are compared
+    (duplicates); at the end every pod is deleted and waited gone."""
+    timeout = timeout or int(os.environ.get("BURST_TIMEOUT", "900"))
+    ensure_namespace(api, nad_list)
+    watch = Watch(api)
+    lock, sent, errors, seq = threading.Lock(), {}, [], [0]
+    alive = collections.deque()
+
+    def create(node):
+        with lock:
+            seq[0] += 1
+            name = f"c{node.rsplit('-', 1)[1]}-{seq[0]}"
+            sent[name] = now_ms()
+            alive.append((name, node))
+        s, b = api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod(name, node, nad_list))
+        if s != 201:
+            errors.append(f"create {name}: {s} {b and b.get('message')}")
+        return name
+
+    def delete(name):
+        s, _ = api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+        if s not in (200, 202, 404):
+            errors.append(f"delete {name}: {s}")
+
+    deleted = set()
+
+    def replace():
+        with lock:
+            name, node = alive.popleft()
+            deleted.add(name)
+        delete(name)
+        return create(node)
+
+    first = [f"plexus-hollow-{k}" for k in range(1, nodes + 1) for _ in range(max(1, per_node // 2))]
+    with ThreadPoolExecutor(16) as ex:
+        base = list(ex.map(create, first))
+    missing = watch.wait(watch.ready, base, timeout)
+    dups, checks, churned = {}, 0, []
+    t0 = time.time()
+    with ThreadPoolExecutor(16) as ex:
+        futures, k, last_check = [], 0, t0
+        while time.time() < t0 + seconds:
+            futures.append(ex.submit(replace))
+            k += 1
+            if time.time() - last_check >= 5:
+                dups.update({ip: h for ip, h in holders(live_statuses(api)).items() if len(h) > 1})
+                checks += 1
+                last_check = time.time()
+            time.sleep(max(0.0, t0 + k / rate - time.time()))
+        churned = [f.result() for f in futures]
+    # A pod replaced before it was Ready (the churn outran the stack) is never waited for.
+    not_ready = watch.wait(watch.ready, [n for n in churned if n not in deleted], timeout)
+    dups.update({ip: h for ip, h in holders(live_statuses(api)).items() if len(h) > 1})
+    ready_ms = [watch.ready[n] - sent[n] for n in churned if n in watch.ready]
+    with lock:
+        rest = [n for n, _ in alive]
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(delete, rest))
+    not_gone = watch.wait(watch.gone, rest + [n for n in base + churned], timeout)
+    return {
+        "pods_kept": len(first), "seconds": seconds, "rate_per_s": rate, "replaced": len(churned),
+        "first_not_ready": len(missing), "errors": errors[:20], "error_count": len(errors),
+        "ready_ms": spread(ready_ms), "not_ready_count": len(not_ready), "not_gone_count": len(not_gone),
+        "replaced_before_ready": sum(1 for n in deleted if n not in watch.ready),
+        "duplicate_checks": checks + 1, "duplicates": len(dups), "duplicate_examples": dict(list(dups.items())[:5]),
+    }
+
+
+def holders(statuses):
+    """Each address of the pods' secondary interfaces (from network-status): the pods holding it."""
+    held = {}
     for pod_name, status in statuses.items():
         for net in json.loads(status or "[]"):
             if net.get("default"):
                 continue
             for ip in net.get("ips") or []:
-                holders.setdefault(ip, []).append(pod_name)
-    dups = {ip: h for ip, h in holders.items() if len(h) > 1}
-    return {"addresses": len(holders), "duplicates": len(dups), "examples": dict(list(dups.items())[:5])}
+                held.setdefault(ip, []).append(pod_name)
+    return held
 
 
-COLOURS = {"plexus": "#1f77b4", "multus+whereabouts": "#d62728", "whereabouts": "#d62728", "node-slice": "#2ca02c"}
+def duplicates(statuses):
+    """Addresses given to more than one pod's secondary interfaces."""
+    held = holders(statuses)
+    dups = {ip: h for ip, h in held.items() if len(h) > 1}
+    return {"addresses": len(held), "duplicates": len(dups), "examples": dict(list(dups.items())[:5])}
+
+
+COLOURS = {"plexus": "#1f77b4", "multus+whereabouts": "#d62728", "multus+whereabouts node slices": "#2ca02c"}
 
 
 def plot(results):
@@ -267,6 +370,23 @@ def plot(results):
     return "\n".join(out) + "\n"
 
 
+def slices(api, nad_list, nodes, timeout=120):
+    """The NADs made, then each one's NodeSlicePool waited for until every one of the NODES hollow
+    nodes has its slice (whereabouts' controller assigns them as it sees nodes and NADs); the
+    seconds it took. A pod's ADD on a node without its slice fails: the burst starts after."""
+    ensure_namespace(api, nad_list)
+    t0, want = time.time(), {f"plexus-hollow-{k}" for k in range(1, nodes + 1)}
+    names = {json.loads(n["spec"]["config"])["ipam"]["network_name"] for n in nad_list}
+    while time.time() < t0 + timeout:
+        s, lst = api.call("GET", "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/nodeslicepools")
+        given = {p["metadata"]["name"]: {a.get("nodeName") for a in (p.get("status") or {}).get("allocations") or []}
+                 for p in (lst or {}).get("items", [])}
+        if all(want <= given.get(n, set()) for n in names):
+            return round(time.time() - t0, 1)
+        time.sleep(0.5)
+    raise SystemExit(f"scale.py: not every node has its slices after {timeout} s")
+
+
 def many_nads(api, count):
     """COUNT NADs in namespace scale-nads (16 clients), as a cluster of many tenants has: every
     node's daemon watches them all. The number created."""
@@ -293,6 +413,15 @@ def main(argv):
             f.write(plot(json.load(open(argv[2]))))
         return
     api = Api(argv[2], open(argv[3]).read().strip(), argv[4])
+    if argv[1] == "churn":
+        nodes, per_node, seconds, rate = int(argv[5]), int(argv[6]), int(argv[8]), float(argv[9])
+        report = churn(api, nodes, per_node, json.load(open(argv[7])), seconds, rate)
+        json.dump(report, open(argv[10], "w"), indent=1)
+        print(json.dumps(report))
+        return
+    if argv[1] == "slices":
+        print(slices(api, json.load(open(argv[5])), int(argv[6])))
+        return
     if argv[1] == "many-nads":
         print(many_nads(api, int(argv[5])))
         return

@@ -3,7 +3,8 @@
 # with the stack it replaces: for each stack of STACKS and each N, the 8 RoCE networks (8 NADs, a
 # macvlan on each rail's port, one /21 per rail: for plexus, plexus-macvlan with plexus-ipam's
 # Kubernetes store on whereabouts' objects through plexus-daemon; for multus, the reference
-# macvlan with whereabouts and its Lease through Multus thick's multus-daemon on every node), PODS
+# macvlan with whereabouts and its Lease through Multus thick's multus-daemon on every node; for
+# nodeslice, the same with whereabouts' node slices, a /28 of each rail per node), PODS
 # pods per node created at once across all nodes with all 8 networks, then deleted at once. Per
 # stack and N:
 #   - CNI ADD and DEL p50/p99 (the kubelet stand-in's timings of the shim's exec), pods Ready
@@ -17,13 +18,16 @@
 #   - a daemon restarted on a running cluster: from its start to ready (plexus-daemon: caches
 #     synced, slice published, registered with the stand-in; multus-daemon: its socket served);
 #   - duplicate addresses among the pods' secondary interfaces (must be 0);
+#   - a steady churn (scale.py churn): PODS/2 pods per node kept, CHURN_RATE (N/16) pods a second
+#     replaced for CHURN_SECONDS (60): CNI ADD and new pods' Ready p50/p99, duplicates among the
+#     live pods every 5 s;
 #   - the stack's lists and watches of pods that did not name the node (plexus: must be 0).
 # Writes OUT/scale-STACK-N.json, OUT/scale.json (all) and OUT/scale.svg (p99 CNI ADD and API
 # requests per pod against N, a line per stack: docs/scale.svg is a copy); figures, never a
 # pass/fail on time. BURST_TIMEOUT (seconds, default 900) bounds the wait for the pods to be Ready
 # and then gone: a stack that does not make it is a result, with what it left.
 #
-#   bash scripts/bench/scale.sh OUT                 # STACKS="plexus multus", N = 16 64 128
+#   bash scripts/bench/scale.sh OUT                 # STACKS="plexus multus nodeslice", N = 16 64 128
 #   STACKS=plexus NODES="8 16" PODS=4 bash scripts/bench/scale.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,7 +35,7 @@ out=${1:?usage: scripts/bench/scale.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 NODES=${NODES:-16 64 128}
-STACKS=${STACKS:-plexus multus}
+STACKS=${STACKS:-plexus multus nodeslice}
 PODS=${PODS:-8}
 log() { echo "bench/scale.sh: $*" >&2; }
 
@@ -59,7 +63,7 @@ print(json.dumps(dict(spread(ok), failed=sum(1 for x in v if x["verb"] == sys.ar
 }
 
 # The service accounts of a stack's node agents.
-accounts() { case $1 in plexus) echo plexus ;; multus) echo multus whereabouts ;; esac; }
+accounts() { case $1 in plexus) echo plexus ;; multus | nodeslice) echo multus whereabouts ;; esac; }
 
 # What the audit log's lines FROM..TO say the stack's service accounts asked, per verb and resource.
 audit_of() { # STACK FROM TO
@@ -95,7 +99,12 @@ print(n)' "$state/log/audit.log" $(accounts "$1")
 
 results=()
 for stack in $STACKS; do
-  case $stack in plexus) label=plexus ;; multus) label=multus+whereabouts ;; *) log "STACKS: plexus, multus"; exit 2 ;; esac
+  case $stack in
+    plexus) label=plexus ;;
+    multus) label=multus+whereabouts ;;
+    nodeslice) label="multus+whereabouts node slices" ;;
+    *) log "STACKS: plexus, multus, nodeslice"; exit 2 ;;
+  esac
   for n in $NODES; do
     log "$label: $n hollow nodes"
     bash scripts/cluster.sh up --hollow "$n" --hollow-stack "$stack" > "$env_file"
@@ -110,6 +119,11 @@ for stack in $STACKS; do
     python3 scripts/bench/scale.py nads "$stack" 0 "$HOLLOW_DIR/whereabouts.conf" > "$out/nads-$stack.json"
     apiserver=$(cat "$state/pids/kube-apiserver") etcd=$(cat "$state/pids/etcd")
     watches=$(kctl get --raw /metrics | awk '/^apiserver_longrunning_requests\{.*verb="WATCH"/ {s += $2} END {print s + 0}')
+    if [ "$stack" = nodeslice ]; then
+      log "$label, $n nodes: the NADs, and every node's slices"
+      ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py slices "$api" "$out/.token" "$state/pki/ca.crt" \
+        "$out/nads-$stack.json" "$n" > /dev/null
+    fi
 
     log "$label, $n nodes: $((n * PODS)) pods at once, then deleted"
     a0=$(($(wc -l < "$state/log/audit.log") + 1)) t0=$(($(wc -l < "$HOLLOW_TIMINGS" 2> /dev/null || echo 0) + 1))
@@ -131,6 +145,13 @@ for stack in $STACKS; do
     log "$label, $n nodes: a daemon restarted"
     ready_ms=$(bash scripts/cluster.sh hollow-restart 1)
 
+    rate=${CHURN_RATE:-$(python3 -c "print(max(0.5, $n / 16))")}
+    log "$label, $n nodes: a steady churn, $rate pods replaced a second for ${CHURN_SECONDS:-60} s"
+    t2=$(($(wc -l < "$HOLLOW_TIMINGS") + 1))
+    ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py churn "$api" "$out/.token" "$state/pki/ca.crt" \
+      "$n" "$PODS" "$out/nads-$stack.json" "${CHURN_SECONDS:-60}" "$rate" "$out/scale-$stack-$n-churn.json" > /dev/null
+    t3=$(wc -l < "$HOLLOW_TIMINGS")
+
     log "$label, $n nodes: 5,000 NADs in the cluster"
     nads_made=$(ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py many-nads "$api" "$out/.token" \
       "$state/pki/ca.crt" 5000)
@@ -141,6 +162,8 @@ for stack in $STACKS; do
     python3 - "$out/scale-$stack-$n.json" << EOF
 import json, sys
 burst = json.load(open("$out/scale-$stack-$n-burst.json"))
+churn = json.load(open("$out/scale-$stack-$n-churn.json"))
+churn["cni_add_ms"] = json.loads(r"""$(cni_spread "$HOLLOW_TIMINGS" "$t2" "$t3" ADD)""")
 pods = burst["pods"]
 # JSON the shell functions printed (a spread with no successful ADD has nulls).
 audit = json.loads(r"""$(audit_of "$stack" "$a0" "$a1")""")
@@ -160,7 +183,7 @@ json.dump({
   "nads_in_cluster": 8 + $nads_made, "daemon_rss_with_nads": $rss_5000,
   "cluster_wide_pod_reads": $(cluster_wide_pod_reads "$stack"),
   "resourceslice_writes_per_minute": $slice_writes, "daemon_start_to_ready_ms": $ready_ms,
-  "duplicates": burst["duplicates"],
+  "duplicates": burst["duplicates"], "churn": churn,
 }, open(sys.argv[1], "w"), indent=1)
 EOF
     results+=("$out/scale-$stack-$n.json")

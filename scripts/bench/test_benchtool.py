@@ -42,7 +42,8 @@ class ScaleDuplicates(unittest.TestCase):
         self.assertEqual(scale.spread([])["p99"], None)
 
     def test_a_stacks_nads_are_eight_rails_of_its_plugins_with_a_range_each(self):
-        for stack, plugin, ipam in [("plexus", "plexus-macvlan", "plexus-ipam"), ("multus", "macvlan", "whereabouts")]:
+        for stack, plugin, ipam in [("plexus", "plexus-macvlan", "plexus-ipam"), ("multus", "macvlan", "whereabouts"),
+                                    ("nodeslice", "macvlan", "whereabouts")]:
             nads = scale.nads(stack, 0)
             confs = [json.loads(n["spec"]["config"]) for n in nads]
             self.assertEqual([n["metadata"]["name"] for n in nads], [f"rail{i}" for i in range(1, 9)])
@@ -51,6 +52,10 @@ class ScaleDuplicates(unittest.TestCase):
         # whereabouts finds its kubeconfig through the flat config file named.
         confs = [json.loads(n["spec"]["config"]) for n in scale.nads("multus", 0, "/x/whereabouts.conf")]
         self.assertEqual({c["ipam"]["configuration_path"] for c in confs}, {"/x/whereabouts.conf"})
+        # In node-slice mode each network is named (its NodeSlicePool's name) and sliced per node.
+        confs = [json.loads(n["spec"]["config"]) for n in scale.nads("nodeslice", 0)]
+        self.assertEqual([c["ipam"]["network_name"] for c in confs], [f"rail{i}" for i in range(1, 9)])
+        self.assertEqual({c["ipam"]["node_slice_size"] for c in confs}, {"/28"})
 
     def test_the_plot_draws_a_line_per_stack_on_both_panels_and_marks_failed_adds(self):
         import xml.etree.ElementTree as ET

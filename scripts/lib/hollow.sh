@@ -20,6 +20,8 @@
 # runs it (in-cluster credentials of its ServiceAccount, MULTUS_NODE_NAME, "multusConfigFile":
 # "auto" around the same cluster network), the multus-shim conflist, and the reference plugins
 # and whereabouts (its Lease, its ServiceAccount's kubeconfig in a flat file) as its delegates;
+# with the stack `nodeslice`, the same and whereabouts' node-slice controller (one for the
+# cluster), whereabouts on each node knowing its node by NODENAME;
 # and one kubelet stand-in (plexus-test-hollow-kubelet) serves every hollow node: a pod watch
 # per node, a sandbox namespace and the CNI ADD and DEL through the `plexus` shim for its pods.
 # The plexus binaries are the shipped build (scripts/build-release.sh) unless PLEXUS_HOLLOW_BIN
@@ -46,11 +48,12 @@ hollow_start() {
 }
 
 # hollow_up N STACK: N hollow nodes on the control plane `up` started, each with STACK's node
-# agent: plexus (plexus-daemon) or multus (multus-daemon, the reference plugins, whereabouts).
+# agent: plexus (plexus-daemon), multus (multus-daemon, the reference plugins, whereabouts) or
+# nodeslice (multus's, with whereabouts' node slices).
 hollow_up() {
   local n=$1 stack=$2 k bin kubelet kwok
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 1000 ] || { log "--hollow: 1 to 1000"; exit 2; }
-  case $stack in plexus | multus) ;; *) log "--hollow-stack: plexus or multus"; exit 2 ;; esac
+  case $stack in plexus | multus | nodeslice) ;; *) log "--hollow-stack: plexus, multus or nodeslice"; exit 2 ;; esac
   mkdir -p "$hollow"/{pids,log,bin}
   echo "$n" > "$hollow/nodes"
   echo "$stack" > "$hollow/stack"
@@ -74,6 +77,7 @@ hollow_up() {
     kubeconfig "$hollow/plexus.kubeconfig" \
       "$(in_node "${kubectl[@]}" -n kube-system create token plexus --duration 48h)"
   else
+    [ "$stack" = nodeslice ] && bash scripts/peers.sh nodeslice > /dev/null
     cp "$PEERS_BIN"/{multus-shim,macvlan,whereabouts} "$hollow/bin/"
     hollow_multus_credentials
   fi
@@ -100,6 +104,11 @@ hollow_up() {
     --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --node-lease-duration-seconds 40 \
     --cidr 198.19.0.0/17
   wait_log=$hollow/log/kwok.log wait_for "hollow nodes Ready" 120 hollow_nodes_ready "$n"
+  if [ "$stack" = nodeslice ]; then
+    log "hollow nodes: whereabouts' node-slice controller"
+    hollow_start nodeslice-controller env WHEREABOUTS_NAMESPACE=kube-system ip netns exec "$NODE1_NETNS" \
+      "$(bash scripts/peers.sh nodeslice)/whereabouts-node-slice-controller" -kubeconfig "$hollow/whereabouts.kubeconfig"
+  fi
 
   log "hollow nodes: $(hollow_agent_name) on each"
   for k in $(seq "$n"); do hollow_agent "$k"; done
@@ -115,12 +124,12 @@ hollow_up() {
 
 # The node agent of the hollow nodes' stack, by name.
 hollow_agent_name() {
-  case $(cat "$hollow/stack") in plexus) echo plexus-daemon ;; multus) echo multus-daemon ;; esac
+  case $(cat "$hollow/stack") in plexus) echo plexus-daemon ;; *) echo multus-daemon ;; esac
 }
 
 # hollow_agent K: node K's agent started (its PID in pids/daemon-K, its log log/daemon-K.log).
 hollow_agent() {
-  case $(cat "$hollow/stack") in plexus) hollow_daemon "$1" ;; multus) hollow_multus "$1" ;; esac
+  case $(cat "$hollow/stack") in plexus) hollow_daemon "$1" ;; *) hollow_multus "$1" ;; esac
 }
 
 # hollow_agent_ready K: node K's agent serves: plexus-daemon's /readyz (caches synced, slice
@@ -128,7 +137,7 @@ hollow_agent() {
 hollow_agent_ready() {
   case $(cat "$hollow/stack") in
     plexus) in_node busybox wget -q -O /dev/null "http://$(hollow_addr "$1"):9134/readyz" 2> /dev/null ;;
-    multus) [ -S "$hollow/$1/run/multus/multus.sock" ] ;;
+    *) [ -S "$hollow/$1/run/multus/multus.sock" ] ;;
   esac
 }
 
@@ -194,7 +203,7 @@ link set r$i up"
      {"type": "loopback"}]}
 EOF
   )
-  if [ "$stack" = multus ]; then
+  if [ "$stack" != plexus ]; then
     mkdir -p "$dir"/{multus-net.d,multus-cache,run/multus}
     echo "$cluster" > "$dir/multus-net.d/10-cluster.conflist"
     cat > "$dir/multus.json" << EOF
@@ -261,13 +270,17 @@ SA_DIR=/run/secrets/kubernetes.io/serviceaccount
 # network namespace, its ServiceAccount's token and CA bound at $SA_DIR in a mount namespace of
 # its own (slave to the host's: the sandboxes' namespaces the stand-in mounts reach it), the API
 # server's address in KUBERNETES_SERVICE_HOST, the node's name in MULTUS_NODE_NAME (its pod
-# informer then lists and watches only the node's pods).
+# informer then lists and watches only the node's pods). With node slices, also NODENAME, which
+# its delegates inherit: whereabouts' node name (on a real node, the host's /etc/hostname in
+# multus-daemon's chroot).
 hollow_multus() {
-  local k=$1
+  local k=$1 name nodename=()
+  name=$(hollow_name "$k")
+  [ "$(cat "$hollow/stack")" = nodeslice ] && nodename=(NODENAME="$name")
   hollow_start "daemon-$k" ip netns exec "$(hollow_netns "$k")" unshare -m --propagation slave -- \
     sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' "$hollow/multus-sa" "$SA_DIR" \
-    env KUBERNETES_SERVICE_HOST="$API_ADDR" KUBERNETES_SERVICE_PORT=6443 MULTUS_NODE_NAME="$(hollow_name "$k")" \
-    "$PEERS_BIN/multus-daemon" -config "$hollow/$k/multus.json"
+    env KUBERNETES_SERVICE_HOST="$API_ADDR" KUBERNETES_SERVICE_PORT=6443 MULTUS_NODE_NAME="$name" \
+    "${nodename[@]}" "$PEERS_BIN/multus-daemon" -config "$hollow/$k/multus.json"
 }
 
 # hollow_kubelet_config N STACK: the stand-in's config (plexus's nodes also have the DRA plugin
@@ -280,7 +293,7 @@ hollow_kubelet_config() {
     [ "$2" = plexus ] && extra=$(printf ', "registry": "%s", "env": {"PLEXUS_POLICY": "%s"}' \
       "$hollow/$k/kubelet/plugins_registry" "$hollow/$k/policy.json")
     printf '%s{"name": "%s", "netns": "%s", "confFile": "%s", "binDir": "%s"%s}\n' \
-      "$sep" "$(hollow_name "$k")" "$(hollow_netns "$k")" "$hollow/$k/net.d/00-$2.conflist" "$hollow/bin" "$extra"
+      "$sep" "$(hollow_name "$k")" "$(hollow_netns "$k")" "$(ls "$hollow/$k"/net.d/00-*.conflist)" "$hollow/bin" "$extra"
     sep=,
   done
   echo ']}'
