@@ -267,8 +267,17 @@ def churn(api, nodes, per_node, nad_list, seconds, rate, timeout=None):
     with ThreadPoolExecutor(16) as ex:
         base = list(ex.map(create, first))
     missing = watch.wait(watch.ready, base, timeout)
+    if missing:
+        # The stack did not bring up the pods the churn keeps: there is no steady state to churn.
+        with ThreadPoolExecutor(16) as ex:
+            list(ex.map(delete, base))
+        not_gone = watch.wait(watch.gone, base, timeout)
+        return {"pods_kept": len(first), "first_not_ready": len(missing), "not_gone_count": len(not_gone),
+                "skipped": "the pods it keeps were not all Ready", "started_ms": round(now_ms()),
+                "errors": errors[:20], "error_count": len(errors)}
     dups, checks, churned = {}, 0, []
     t0 = time.time()
+    started_ms = now_ms()
     with ThreadPoolExecutor(16) as ex:
         futures, k, last_check = [], 0, t0
         while time.time() < t0 + seconds:
@@ -291,6 +300,7 @@ def churn(api, nodes, per_node, nad_list, seconds, rate, timeout=None):
     not_gone = watch.wait(watch.gone, rest + [n for n in base + churned], timeout)
     return {
         "pods_kept": len(first), "seconds": seconds, "rate_per_s": rate, "replaced": len(churned),
+        "started_ms": round(started_ms),
         "first_not_ready": len(missing), "errors": errors[:20], "error_count": len(errors),
         "ready_ms": spread(ready_ms), "not_ready_count": len(not_ready), "not_gone_count": len(not_gone),
         "replaced_before_ready": sum(1 for n in deleted if n not in watch.ready),

@@ -17,7 +17,8 @@
 #   - ResourceSlice writes per minute at steady state (a minute with nothing asked of the nodes);
 #   - a daemon restarted on a running cluster: from its start to ready (plexus-daemon: caches
 #     synced, slice published, registered with the stand-in; multus-daemon: its socket served);
-#   - duplicate addresses among the pods' secondary interfaces (must be 0);
+#   - duplicate addresses among the pods' secondary interfaces (must be 0), and what the burst left
+#     in the store (IPPool entries, OverlappingRangeIPReservations) once its pods are gone;
 #   - a steady churn (scale.py churn): PODS/2 pods per node kept, CHURN_RATE (N/16) pods a second
 #     replaced for CHURN_SECONDS (60): CNI ADD and new pods' Ready p50/p99, duplicates among the
 #     live pods every 5 s;
@@ -51,15 +52,16 @@ cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat
 # rss_kib PID: its resident set now (KiB).
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 
-# The shim's ADD or DEL durations (ms) of the timings file's lines FROM..TO, as p50/p99/max.
-cni_spread() { # FILE FROM TO VERB
+# The shim's ADD or DEL durations (ms) of the timings file's lines FROM..TO (of the calls started
+# at SINCE, Unix ms, or later), as p50/p99/max.
+cni_spread() { # FILE FROM TO VERB [SINCE]
   sed -n "$2,$3p" "$1" | python3 -c '
 import json, sys
 sys.path.insert(0, "scripts/bench")
 from scale import spread
-v = [json.loads(l) for l in sys.stdin]
+v = [x for x in map(json.loads, sys.stdin) if x["start_ms"] >= int(sys.argv[2])]
 ok = [x["ms"] for x in v if x["verb"] == sys.argv[1] and not x["error"]]
-print(json.dumps(dict(spread(ok), failed=sum(1 for x in v if x["verb"] == sys.argv[1] and x["error"]))))' "$4"
+print(json.dumps(dict(spread(ok), failed=sum(1 for x in v if x["verb"] == sys.argv[1] and x["error"]))))' "$4" "${5:-0}"
 }
 
 # The service accounts of a stack's node agents.
@@ -132,6 +134,10 @@ for stack in $STACKS; do
       "$n" "$PODS" "$out/nads-$stack.json" "$out/scale-$stack-$n-burst.json" > /dev/null
     c1_api=$(cpu "$apiserver") c1_etcd=$(cpu "$etcd")
     a1=$(wc -l < "$state/log/audit.log") t1=$(wc -l < "$HOLLOW_TIMINGS")
+    # What the burst left in the store once every pod is gone (whereabouts' objects, both stacks').
+    left_entries=$(kctl get ippools.whereabouts.cni.cncf.io -A -o json |
+      python3 -c 'import json, sys; print(sum(len(p["spec"].get("allocations") or {}) for p in json.load(sys.stdin)["items"]))')
+    left_reservations=$(kctl get overlappingrangeipreservations.whereabouts.cni.cncf.io -A --no-headers 2> /dev/null | wc -l)
     daemon_rss=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
       awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
 
@@ -163,7 +169,9 @@ for stack in $STACKS; do
 import json, sys
 burst = json.load(open("$out/scale-$stack-$n-burst.json"))
 churn = json.load(open("$out/scale-$stack-$n-churn.json"))
-churn["cni_add_ms"] = json.loads(r"""$(cni_spread "$HOLLOW_TIMINGS" "$t2" "$t3" ADD)""")
+# The churn's ADDs only, not those of the pods it keeps (made before it starts).
+churn["cni_add_ms"] = json.loads(r"""$(cni_spread "$HOLLOW_TIMINGS" "$t2" "$t3" ADD \
+  "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["started_ms"])' "$out/scale-$stack-$n-churn.json")")""")
 pods = burst["pods"]
 # JSON the shell functions printed (a spread with no successful ADD has nulls).
 audit = json.loads(r"""$(audit_of "$stack" "$a0" "$a1")""")
@@ -184,6 +192,7 @@ json.dump({
   "cluster_wide_pod_reads": $(cluster_wide_pod_reads "$stack"),
   "resourceslice_writes_per_minute": $slice_writes, "daemon_start_to_ready_ms": $ready_ms,
   "duplicates": burst["duplicates"], "churn": churn,
+  "left_after_burst": {"pool_entries": $left_entries, "reservations": $left_reservations},
 }, open(sys.argv[1], "w"), indent=1)
 EOF
     results+=("$out/scale-$stack-$n.json")
