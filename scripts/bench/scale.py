@@ -364,7 +364,9 @@ def plot(results):
             out.append(f'<text x="{x0 + pad - 4}" y="{py(v) + 4}" text-anchor="end">{v:.3g}</text>')
         for j, (stack, rs) in enumerate(sorted(stacks.items())):
             colour = COLOURS.get(stack, "#555")
-            rs = sorted(rs, key=lambda r: r["nodes"])
+            # A figure not measured (None) on the requests panel is left out; on the ADD panel
+            # None means no ADD succeeded, drawn at the top.
+            rs = sorted((r for r in rs if i == 0 or value(r) is not None), key=lambda r: r["nodes"])
             points = " ".join(f"{px(r['nodes']):.1f},{py(value(r)):.1f}" for r in rs)
             out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
             for r in rs:

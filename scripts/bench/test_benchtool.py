@@ -75,6 +75,10 @@ class ScaleDuplicates(unittest.TestCase):
         # The highest point is inside the panel: the axis is scaled to the largest value.
         ys = [float(c.get("cy")) for c in root.findall(f"{ns}circle")]
         self.assertTrue(all(20 < y < 260 for y in ys), ys)
+        # A requests figure not measured is left off that panel, its ADD point kept.
+        svg = scale.plot([point("plexus", 16, 900, 7), point("plexus", 32, 1500, None)])
+        circles = ET.fromstring(svg).findall(f"{ns}circle")
+        self.assertEqual(len(circles), 3, "two ADD points and one requests point")
 
 
 class Allocations(unittest.TestCase):
