@@ -51,6 +51,12 @@ trap cleanup EXIT
 cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 # rss_kib PID: its resident set now (KiB).
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+# agents_rss N: the node agents' resident sets (pids/daemon-K of the N hollow nodes), median and
+# largest, as JSON.
+agents_rss() {
+  for k in $(seq "$1"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
+    awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}'
+}
 
 # The shim's ADD or DEL durations (ms) of the timings file's lines FROM..TO (of the calls started
 # at SINCE, Unix ms, or later), as p50/p99/max.
@@ -138,8 +144,7 @@ for stack in $STACKS; do
     left_entries=$(kctl get ippools.whereabouts.cni.cncf.io -A -o json |
       python3 -c 'import json, sys; print(sum(len(p["spec"].get("allocations") or {}) for p in json.load(sys.stdin)["items"]))')
     left_reservations=$(kctl get overlappingrangeipreservations.whereabouts.cni.cncf.io -A --no-headers 2> /dev/null | wc -l)
-    daemon_rss=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
-      awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
+    daemon_rss=$(agents_rss "$n")
 
     log "$label, $n nodes: a minute at steady state"
     a2=$(($(wc -l < "$state/log/audit.log") + 1))
@@ -162,8 +167,7 @@ for stack in $STACKS; do
     nads_made=$(ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py many-nads "$api" "$out/.token" \
       "$state/pki/ca.crt" 5000)
     sleep 15 # the daemons' watches deliver them
-    rss_5000=$(for k in $(seq "$n"); do rss_kib "$(cat "$HOLLOW_DIR/pids/daemon-$k")"; done | sort -n |
-      awk '{v[NR] = $1} END {printf "{\"median_kib\": %d, \"max_kib\": %d}", v[int((NR + 1) / 2)], v[NR]}')
+    rss_5000=$(agents_rss "$n")
 
     python3 - "$out/scale-$stack-$n.json" << EOF
 import json, sys

@@ -739,19 +739,19 @@ impl Cluster {
         (out.status.success(), text(&out.stdout), text(&out.stderr))
     }
 
-    /// The names of the OverlappingRangeIPReservations.
-    /// The OverlappingRangeIPReservations in kube-system: name → the container ID they hold for.
-    pub fn reservation_holders(&self) -> BTreeMap<String, String> {
-        let (ok, out) = self.kubectl(
-            &["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io", "-o", "json"],
-            None,
-        );
+    /// The items of a `kubectl get … -o json` list (`args` without `-o json`).
+    pub fn kubectl_items(&self, args: &[&str]) -> Vec<Value> {
+        let args: Vec<&str> = args.iter().copied().chain(["-o", "json"]).collect();
+        let (ok, out) = self.kubectl(&args, None);
         assert!(ok, "{out}");
         let list: Value = serde_json::from_str(&out).unwrap();
-        list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The OverlappingRangeIPReservations in kube-system: name → the container ID they hold for.
+    pub fn reservation_holders(&self) -> BTreeMap<String, String> {
+        self.kubectl_items(&["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io"])
+            .iter()
             .map(|r| {
                 let s = |p: &str| r.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
                 (s("/metadata/name"), s("/spec/containerid"))
@@ -759,13 +759,9 @@ impl Cluster {
             .collect()
     }
 
+    /// The names of the OverlappingRangeIPReservations.
     pub fn reservation_names(&self) -> BTreeSet<String> {
-        let (ok, out) = self.kubectl(
-            &["-n", "kube-system", "get", "overlappingrangeipreservations.whereabouts.cni.cncf.io", "-o", "name"],
-            None,
-        );
-        assert!(ok, "{out}");
-        out.lines().filter_map(|l| l.rsplit('/').next()).filter(|l| !l.is_empty()).map(str::to_string).collect()
+        self.reservation_holders().into_keys().collect()
     }
 }
 

@@ -48,12 +48,7 @@ fn pod(c: &Cluster, name: &str, k: u32) -> String {
 /// A pod being deleted may have been released already (its DEL ran, kwok has yet to remove it):
 /// its address may be a new pod's.
 fn pods(c: &Cluster) -> BTreeMap<String, (bool, Option<Vec<Value>>)> {
-    let (ok, out) = c.kubectl(&["-n", NS, "get", "pods", "-o", "json"], None);
-    assert!(ok, "{out}");
-    let list: Value = serde_json::from_str(&out).unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
+    c.kubectl_items(&["-n", NS, "get", "pods"])
         .iter()
         .map(|p| {
             let ready = p["metadata"]["deletionTimestamp"].is_null()
