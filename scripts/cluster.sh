@@ -440,8 +440,9 @@ EOF
   # Pods need their namespace's service account, which the controller-manager creates.
   wait_for kube-controller-manager 60 in_node "${kubectl[@]}" -n default get serviceaccount default
 
-  log "CRDs: NetworkAttachmentDefinition and whereabouts'"
+  log "CRDs: NetworkAttachmentDefinition, whereabouts' and nv-ipam's IPPool"
   in_node "${kubectl[@]}" apply -f deploy/helm/plexus/crds/network-attachment-definitions.yaml > /dev/null
+  in_node "${kubectl[@]}" apply -f conf-examples/deploy/nv-ipam/ippools-crd.yaml > /dev/null
   wb=$PEERS_BIN/../share/whereabouts
   for crd in "$wb"/doc/crds/whereabouts.cni.cncf.io_*.yaml; do
     in_node "${kubectl[@]}" apply -f "$crd" > /dev/null

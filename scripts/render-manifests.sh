@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes the plain manifests in conf-examples/deploy/ from the Helm chart (deploy/helm/plexus), so
 # the two never disagree: thin/ and daemon/ (each a kustomization: `kubectl apply -k`, the image
-# set with kustomize's `images:`), crd/ and rbac-ipam-kubernetes.yaml. The chart is the one place
+# set with kustomize's `images:`), crd/, rbac-ipam-kubernetes.yaml and rbac-ipam-pools.yaml. The chart is the one place
 # they are written; a test renders them again and compares.
 #
 #   bash scripts/render-manifests.sh            # rewrite conf-examples/deploy
@@ -38,3 +38,5 @@ KUST
 done
 { header "--show-only templates/rbac-ipam-kubernetes.yaml --set ipamKubernetesStore.enabled=true"
   render --show-only templates/rbac-ipam-kubernetes.yaml --set ipamKubernetesStore.enabled=true; } > "$out/rbac-ipam-kubernetes.yaml"
+{ header "--show-only templates/rbac-ipam-pools.yaml --set ipamPools.enabled=true"
+  render --show-only templates/rbac-ipam-pools.yaml --set ipamPools.enabled=true; } > "$out/rbac-ipam-pools.yaml"

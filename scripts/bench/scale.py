@@ -78,6 +78,9 @@ def nads(stack, base, whereabouts_conf=None):
         if stack == "plexus":
             conf = {"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": f"ens{i + 1}f0np0", "mode": "bridge",
                     "ipam": {"type": "plexus-ipam", "range": subnet, "store": "kubernetes"}}
+        elif stack == "blocks":
+            conf = {"cniVersion": "1.0.0", "type": "plexus-macvlan", "master": f"ens{i + 1}f0np0", "mode": "bridge",
+                    "ipam": {"type": "plexus-ipam", "poolName": f"rail{i + 1}"}}
         else:
             conf = {"cniVersion": "1.0.0", "type": "macvlan", "master": f"ens{i + 1}f0np0", "mode": "bridge",
                     "ipam": {"type": "whereabouts", "range": subnet}}
@@ -93,6 +96,16 @@ def nads(stack, base, whereabouts_conf=None):
                     "metadata": {"name": f"rail{i + 1}", "namespace": nad_namespace},
                     "spec": {"config": json.dumps(conf)}})
     return out
+
+
+def ippools(base, block_size):
+    """The blocks stack's pools: nv-ipam IPPools in kube-system, one /21 per rail as the NADs of
+    the other stacks have, blocks of BLOCK_SIZE addresses per node."""
+    return {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "nv-ipam.nvidia.com/v1alpha1", "kind": "IPPool",
+         "metadata": {"name": f"rail{i + 1}", "namespace": "kube-system"},
+         "spec": {"subnet": f"198.18.{base + 8 * i}.0/21", "perNodeBlockSize": block_size}}
+        for i in range(RAILS)]}
 
 
 def pod(name, node, nad_list):
@@ -419,6 +432,9 @@ def many_nads(api, count):
 def main(argv):
     if argv[1] == "nads":
         json.dump(nads(argv[2], int(argv[3]), argv[4] if len(argv) > 4 else None), sys.stdout)
+        return
+    if argv[1] == "ippools":
+        json.dump(ippools(int(argv[2]), int(argv[3])), sys.stdout)
         return
     if argv[1] == "plot":
         with open(argv[3], "w") as f:

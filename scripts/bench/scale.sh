@@ -4,7 +4,9 @@
 # macvlan on each rail's port, one /21 per rail: for plexus, plexus-macvlan with plexus-ipam's
 # Kubernetes store on whereabouts' objects through plexus-daemon; for multus, the reference
 # macvlan with whereabouts and its Lease through Multus thick's multus-daemon on every node; for
-# nodeslice, the same with whereabouts' node slices, a /28 of each rail per node), PODS
+# nodeslice, the same with whereabouts' node slices, a /28 of each rail per node; for blocks,
+# plexus with plexus-ipam's pools, an nv-ipam IPPool per rail whose nodes claim blocks of
+# BLOCK_SIZE (16) addresses and allocate from them in their own files), PODS
 # pods per node created at once across all nodes with all 8 networks, then deleted at once. Per
 # stack and N:
 #   - CNI ADD and DEL p50/p99 (the kubelet stand-in's timings of the shim's exec), pods Ready
@@ -71,7 +73,7 @@ print(json.dumps(dict(spread(ok), failed=sum(1 for x in v if x["verb"] == sys.ar
 }
 
 # The service accounts of a stack's node agents.
-accounts() { case $1 in plexus) echo plexus ;; multus | nodeslice) echo multus whereabouts ;; esac; }
+accounts() { case $1 in plexus | blocks) echo plexus ;; multus | nodeslice) echo multus whereabouts ;; esac; }
 
 # What the audit log's lines FROM..TO say the stack's service accounts asked, per verb and resource.
 audit_of() { # STACK FROM TO
@@ -111,11 +113,14 @@ for stack in $STACKS; do
     plexus) label=plexus ;;
     multus) label=multus+whereabouts ;;
     nodeslice) label="multus+whereabouts node slices" ;;
-    *) log "STACKS: plexus, multus, nodeslice"; exit 2 ;;
+    blocks) label="plexus blocks" ;;
+    *) log "STACKS: plexus, multus, nodeslice, blocks"; exit 2 ;;
   esac
+  hollow_stack=$stack
+  [ "$stack" = blocks ] && hollow_stack=plexus
   for n in $NODES; do
     log "$label: $n hollow nodes"
-    bash scripts/cluster.sh up --hollow "$n" --hollow-stack "$stack" > "$env_file"
+    bash scripts/cluster.sh up --hollow "$n" --hollow-stack "$hollow_stack" > "$env_file"
     set -a
     # shellcheck disable=SC1090
     . "$env_file"
@@ -127,6 +132,9 @@ for stack in $STACKS; do
     python3 scripts/bench/scale.py nads "$stack" 0 "$HOLLOW_DIR/whereabouts.conf" > "$out/nads-$stack.json"
     apiserver=$(cat "$state/pids/kube-apiserver") etcd=$(cat "$state/pids/etcd")
     watches=$(kctl get --raw /metrics | awk '/^apiserver_longrunning_requests\{.*verb="WATCH"/ {s += $2} END {print s + 0}')
+    if [ "$stack" = blocks ]; then
+      python3 scripts/bench/scale.py ippools 0 "${BLOCK_SIZE:-16}" | kctl apply -f - > /dev/null
+    fi
     if [ "$stack" = nodeslice ]; then
       log "$label, $n nodes: the NADs, and every node's slices"
       ip netns exec "$NODE_NETNS" python3 scripts/bench/scale.py slices "$api" "$out/.token" "$state/pki/ca.crt" \

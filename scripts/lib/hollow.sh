@@ -71,8 +71,9 @@ hollow_up() {
     cp "$bin"/{plexus,plexus-daemon,plexus-macvlan,plexus-host-device,plexus-ipam} "$hollow/bin/"
     log "hollow nodes: plexus's service account and RBAC (the chart's), its token"
     "$PEERS_BIN/helm" template plexus deploy/helm/plexus --namespace kube-system --set mode=daemon \
-      --set dra.enabled=true --set ipamKubernetesStore.enabled=true --show-only templates/serviceaccount.yaml \
-      --show-only templates/rbac.yaml --show-only templates/rbac-ipam-kubernetes.yaml |
+      --set dra.enabled=true --set ipamKubernetesStore.enabled=true --set ipamPools.enabled=true \
+      --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml \
+      --show-only templates/rbac-ipam-kubernetes.yaml --show-only templates/rbac-ipam-pools.yaml |
       in_node "${kubectl[@]}" apply -f - > /dev/null
     kubeconfig "$hollow/plexus.kubeconfig" \
       "$(in_node "${kubectl[@]}" -n kube-system create token plexus --duration 48h)"

@@ -695,6 +695,17 @@ impl Cluster {
         std::fs::write(self.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
     }
 
+    /// plexus-ipam's pools (`poolName`) on this cluster: the chart's Role for them, and the node
+    /// policy's `kubernetes` with the pools in kube-system.
+    pub fn use_ipam_pools(&self) {
+        self.use_kubernetes_ipam_store();
+        self.apply(&std::fs::read_to_string(repo().join("conf-examples/deploy/rbac-ipam-pools.yaml")).unwrap());
+        let mut policy: Value =
+            serde_json::from_str(&std::fs::read_to_string(self.var("PLEXUS_POLICY")).unwrap()).unwrap();
+        policy["kubernetes"]["poolNamespace"] = "kube-system".into();
+        std::fs::write(self.var("PLEXUS_POLICY"), policy.to_string()).unwrap();
+    }
+
     /// A whereabouts object in kube-system (`ippools`, `overlappingrangeipreservations`), if it
     /// exists.
     pub fn whereabouts_object(&self, kind: &str, name: &str) -> Option<Value> {

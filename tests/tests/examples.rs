@@ -329,6 +329,7 @@ fn the_plain_manifests_are_the_charts_rendering_and_the_chart_lints_in_every_mod
         "daemon/plexus.yaml",
         "daemon/kustomization.yaml",
         "rbac-ipam-kubernetes.yaml",
+        "rbac-ipam-pools.yaml",
     ] {
         assert_eq!(
             std::fs::read_to_string(fresh.path().join(f)).unwrap(),

@@ -62,6 +62,11 @@ struct Keys {
     data_dir: Option<PathBuf>,
     #[serde(default)]
     node_name: Option<String>,
+    /// nv-ipam's keys: the IPPool(s) to take addresses from (comma-separated: one address of each).
+    #[serde(default)]
+    pool_name: Option<String>,
+    #[serde(default)]
+    pool_type: Option<String>,
 }
 
 fn yes() -> bool {
@@ -131,7 +136,26 @@ pub enum StoreConfig {
     Etcd(EtcdConfig),
     /// whereabouts' objects on the Kubernetes API (`"store": "kubernetes"`).
     Kubernetes(KubernetesStoreConfig),
+    /// The node's blocks of nv-ipam `IPPool`s (`"poolName"`), held in node-local files.
+    Pools(PoolsConfig),
 }
+
+/// The pools a network names (`poolName`, `poolType`) and where the node keeps its blocks. The
+/// network chooses only the pool names (among the admin's pools); the API, the pools' namespace
+/// and the directory are the node policy's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolsConfig {
+    pub pools: Vec<String>,
+    pub kubeconfig: PathBuf,
+    pub namespace: String,
+    /// The policy's first data root: the blocks' files ([`crate::pools::store::POOLS_DIR`]).
+    pub data_root: PathBuf,
+}
+
+/// Pools one network may name at most (one address of each: nv-ipam's dual stack is two).
+pub const MAX_POOLS: usize = 8;
+/// The longest pool name: a block's directory is `<pool>@<address>`, one path component.
+const MAX_POOL_NAME: usize = 200;
 
 /// The `kubernetes` store: the API and namespace come from the node policy; a network may only
 /// choose `leaderElection`.
@@ -186,6 +210,15 @@ impl IpamConfig {
             specs.push(&keys.top);
         }
         specs.extend(keys.ip_ranges.iter());
+        if let Some(names) = &keys.pool_name {
+            if !specs.is_empty() || keys.store.is_some() {
+                return Err(IpamError::Config(format!(
+                    "poolName {names:?} with {}: a pool's subnet is its range and the pools are its store",
+                    if specs.is_empty() { "store" } else { "range or ipRanges" }
+                )));
+            }
+            return pool_config(conf, &keys, names, policy);
+        }
         if specs.is_empty() {
             return Err(IpamError::Config("ipam needs \"range\" or \"ipRanges\"".into()));
         }
@@ -404,6 +437,73 @@ fn kubernetes_store(options: &Value, policy: &Policy) -> Result<StoreConfig, Ipa
     }))
 }
 
+/// A network whose addresses come from nv-ipam pools (`poolName`).
+fn pool_config(conf: &NetConf, keys: &Keys, names: &str, policy: &Policy) -> Result<IpamConfig, IpamError> {
+    match keys.pool_type.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("ippool") => {}
+        Some("cidrpool") => {
+            return Err(IpamError::Refused(
+                "poolType \"cidrpool\": this plexus-ipam reads nv-ipam IPPools only; CIDRPools are not read yet".into(),
+            ));
+        }
+        Some(other) => {
+            return Err(IpamError::Config(format!("invalid poolType {other:?}: \"ippool\" or \"cidrpool\"")));
+        }
+    }
+    let pools: Vec<String> = names.split(',').map(|n| n.trim().to_string()).collect();
+    if pools.len() > MAX_POOLS {
+        return Err(IpamError::Config(format!("poolName {names:?}: at most {MAX_POOLS} pools")));
+    }
+    for p in &pools {
+        if !pool_name_ok(p) {
+            return Err(IpamError::Config(format!(
+                "invalid poolName {p:?}: a Kubernetes object name (lowercase letters, digits, '-', '.') of at most \
+                 {MAX_POOL_NAME} characters"
+            )));
+        }
+    }
+    let Some(k) = &policy.kubernetes else {
+        return Err(IpamError::Refused(format!(
+            "poolName needs the node policy's \"kubernetes\" (kubeconfig, poolNamespace), which {} does not set",
+            policy.source
+        )));
+    };
+    let node = match &keys.node_name {
+        Some(n) if name_ok(n) => n.clone(),
+        Some(n) => return Err(IpamError::Config(format!("invalid nodeName {n:?}"))),
+        None => host_name(),
+    };
+    Ok(IpamConfig {
+        network: conf.name.clone(),
+        domain: DEFAULT_DOMAIN.into(),
+        overlapping: true,
+        ranges: Vec::new(),
+        addresses: keys.addresses.iter().map(static_address).collect::<Result<Vec<_>, _>>()?,
+        routes: keys.routes.clone(),
+        dns: keys.dns.clone().unwrap_or_default(),
+        store: StoreConfig::Pools(PoolsConfig {
+            pools,
+            kubeconfig: k.kubeconfig.clone(),
+            namespace: k.pool_namespace.clone().unwrap_or_else(|| k.namespace.clone()),
+            data_root: policy.data_roots.first().cloned().unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+        }),
+        node,
+    })
+}
+
+/// A DNS-1123 subdomain no longer than a block's directory name allows.
+fn pool_name_ok(name: &str) -> bool {
+    name.len() <= MAX_POOL_NAME
+        && !name.is_empty()
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
 /// This node's name: the kernel's host name (nodes are named after their hosts).
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -488,12 +588,59 @@ mod tests {
     }
 
     #[test]
+    fn a_network_names_pools_and_the_policy_says_where_they_are_and_where_the_blocks_live() {
+        let with = |ipam: Value, k8s: bool| {
+            let mut policy = Policy { data_roots: vec!["/var/lib/plexus".into()], ..Default::default() };
+            if k8s {
+                policy.kubernetes = Some(plexus_node::policy::KubernetesPolicy {
+                    kubeconfig: "/etc/cni/net.d/plexus.d/plexus.kubeconfig".into(),
+                    namespace: "kube-system".into(),
+                    pool_namespace: Some("nvidia-network-operator".into()),
+                });
+            }
+            let nc: NetConf =
+                serde_json::from_value(json!({"cniVersion": "1.1.0", "name": "rail0", "ipam": ipam})).unwrap();
+            IpamConfig::from_netconf(&nc, &policy)
+        };
+        let cfg =
+            with(json!({"type": "plexus-ipam", "poolName": "rail0-v4, rail0-v6", "poolType": "IPPool"}), true).unwrap();
+        assert_eq!(
+            cfg.store,
+            StoreConfig::Pools(PoolsConfig {
+                pools: vec!["rail0-v4".into(), "rail0-v6".into()],
+                kubeconfig: "/etc/cni/net.d/plexus.d/plexus.kubeconfig".into(),
+                namespace: "nvidia-network-operator".into(),
+                data_root: "/var/lib/plexus".into(),
+            })
+        );
+        assert!(cfg.ranges.is_empty());
+        let err = |ipam: Value, k8s: bool| with(ipam, k8s).unwrap_err();
+        let e = err(json!({"poolName": "rail0", "range": "198.18.0.0/24"}), true);
+        assert!(matches!(e, IpamError::Config(_)) && e.to_string().contains("poolName \"rail0\" with range"), "{e}");
+        let e = err(json!({"poolName": "rail0", "store": "kubernetes"}), true);
+        assert!(e.to_string().contains("with store"), "{e}");
+        let e = err(json!({"poolName": "rail0", "poolType": "cidrpool"}), true);
+        assert!(matches!(e, IpamError::Refused(_)) && e.to_string().contains("CIDRPools are not read yet"), "{e}");
+        let e = err(json!({"poolName": "rail0", "poolType": "subnet"}), true);
+        assert!(e.to_string().contains("invalid poolType \"subnet\""), "{e}");
+        for bad in ["../etc", "Rail0", "a@b", "", &"a".repeat(201)] {
+            let e = err(json!({"poolName": bad}), true);
+            assert!(e.to_string().contains("invalid poolName"), "{bad}: {e}");
+        }
+        let e = err(json!({"poolName": (0..9).map(|i| format!("p{i}")).collect::<Vec<_>>().join(",")}), true);
+        assert!(e.to_string().contains("at most 8 pools"), "{e}");
+        let e = err(json!({"poolName": "rail0"}), false);
+        assert!(matches!(e, IpamError::Refused(_)) && e.to_string().contains("node policy's \"kubernetes\""), "{e}");
+    }
+
+    #[test]
     fn the_kubernetes_store_takes_the_api_from_the_policy_and_only_leader_election_from_the_network() {
         let with_policy = |ipam: Value| {
             let mut policy = Policy::default();
             policy.kubernetes = Some(plexus_node::policy::KubernetesPolicy {
                 kubeconfig: "/etc/cni/net.d/plexus.d/plexus.kubeconfig".into(),
                 namespace: "kube-system".into(),
+                pool_namespace: None,
             });
             let nc: NetConf =
                 serde_json::from_value(json!({"cniVersion": "1.1.0", "name": "rail0", "ipam": ipam})).unwrap();

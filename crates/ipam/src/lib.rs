@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod error;
+pub mod pools;
 pub mod range;
 pub mod store;
 

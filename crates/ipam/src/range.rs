@@ -189,6 +189,24 @@ impl IpRange {
         Ok(r)
     }
 
+    /// The offsets `first..=last` of `network` with the `excluded` spans (any order, overlapping
+    /// or not) and the gateway left out: a node's block of a pool ([`crate::pools`]).
+    pub fn span(
+        network: IpNetwork,
+        first: u128,
+        last: u128,
+        excluded: Vec<(u128, u128)>,
+        gateway: Option<IpAddr>,
+    ) -> IpRange {
+        let network = IpNetwork::new(network.network(), network.prefix()).expect("valid prefix");
+        let mut excluded = excluded;
+        if let Some(g) = gateway.filter(|g| g.is_ipv4() == network.is_ipv4() && network.contains(*g)) {
+            let o = to_u128(g) - to_u128(network.network());
+            excluded.push((o, o));
+        }
+        IpRange { network, first, last, excluded: merged(excluded), gateway }
+    }
+
     /// This range with `ips` excluded besides what it excludes (each one that lies in it).
     pub fn excluding(&self, ips: &[IpAddr]) -> IpRange {
         let mut excluded = self.excluded.clone();

@@ -69,6 +69,16 @@ impl ApiPath {
         Ok(p)
     }
 
+    /// The cluster-scoped object `name` of `{prefix}/{resource}` (`/api/v1`, `nodes`).
+    pub fn cluster_object(
+        prefix: &'static str,
+        resource: &'static str,
+        kind: &str,
+        name: &str,
+    ) -> Result<ApiPath, K8sError> {
+        Ok(ApiPath(format!("{prefix}/{resource}/{}", object(kind, name)?)))
+    }
+
     /// The object's subresource (`status`).
     pub fn subresource(mut self, sub: &'static str) -> ApiPath {
         self.0.push('/');

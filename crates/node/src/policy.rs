@@ -85,6 +85,10 @@ pub struct KubernetesPolicy {
     /// default: `kube-system`).
     #[serde(default = "default_ipam_namespace")]
     pub namespace: String,
+    /// The namespace of nv-ipam's `IPPool` objects a network names with `poolName` (where the
+    /// NVIDIA Network Operator keeps them); none: `namespace`. The admin's, as the rest of this.
+    #[serde(default)]
+    pub pool_namespace: Option<String>,
 }
 
 fn default_ipam_namespace() -> String {

@@ -25,7 +25,7 @@ fn ipam_config(list: &plexus_cni::ConfList) -> Result<(IpamConfig, plexus_node::
 }
 
 /// The network's store as it is (nothing is made to look at it); `None` when there is none yet.
-fn store(cfg: &IpamConfig, policy: &plexus_node::Policy) -> Result<Option<Box<dyn Store>>> {
+fn store<'a>(cfg: &IpamConfig, policy: &'a plexus_node::Policy) -> Result<Option<Box<dyn Store + 'a>>> {
     let deadline = plexus_cni::Deadline::after(policy.limits.request_timeout());
     let cx = plexus_ipam_core::store::Context { policy, namespace: None, deadline };
     Ok(plexus_ipam_core::store::open_for_release(cfg, &cx)?)

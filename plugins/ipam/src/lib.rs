@@ -8,9 +8,11 @@
 use std::net::IpAddr;
 
 use plexus_cni::{CniResult, Error, ErrorList, code};
+use plexus_ipam_core::config::PoolsConfig;
 use plexus_ipam_core::error::Holder;
+use plexus_ipam_core::pools::store::PoolStore;
 use plexus_ipam_core::store::{Context, open as open_store, open_for_release as open_existing};
-use plexus_ipam_core::{AllocRequest, IpRange, IpamConfig, IpamError, Owner};
+use plexus_ipam_core::{AllocRequest, IpRange, IpamConfig, IpamError, Owner, StoreConfig};
 use plexus_plugin::{About, Plugin, Request};
 use serde_json::Value;
 
@@ -114,6 +116,30 @@ fn per_range(ranges: &[IpRange], requested: &[IpAddr]) -> Result<Vec<Option<IpAd
     Ok(out)
 }
 
+/// ADD for a network of pools (`poolName`): one address of each pool, from this node's blocks,
+/// then the config's own static `addresses`, routes and DNS. A requested address is matched to
+/// the first pool whose subnet holds it; the node's own addresses are never handed out.
+fn add_from_pools(req: &Request, cfg: &IpamConfig, pools: &PoolsConfig) -> Result<CniResult, Error> {
+    let requested = requested(req)?;
+    let node = plexus_net::netns::addresses_here().map_err(|e| Error::from(e).context("the node's own addresses"))?;
+    if let Some((ifname, ip)) = node.iter().find(|(_, a)| requested.contains(a)) {
+        return Err(IpamError::InUse { ip: *ip, holder: Holder::node(ifname) }.into());
+    }
+    let store = PoolStore::open(pools, &cfg.node, &cfg.network, Context::of(req));
+    let mut given = store.add(&owner(req, cfg), &requested, &node.iter().map(|(_, ip)| *ip).collect::<Vec<_>>())?;
+    tracing::debug!(ips = ?given.ips, "allocated from pools");
+    given.result.ips.extend(cfg.addresses.iter().cloned());
+    given.result.routes.extend(cfg.routes.iter().cloned());
+    given.result.dns = cfg.dns.clone();
+    let gateways = cni_gateways(req)?;
+    for ip in &mut given.result.ips {
+        if let Some(gw) = gateways.iter().find(|g| ip.address.contains(**g)) {
+            ip.gateway = Some(*gw);
+        }
+    }
+    Ok(given.result)
+}
+
 impl Plugin for Ipam {
     fn known_args(&self) -> &'static [&'static str] {
         &["IP", "GATEWAY"]
@@ -121,6 +147,9 @@ impl Plugin for Ipam {
 
     fn add(&self, req: &Request) -> Result<CniResult, Error> {
         let cfg = IpamConfig::from_netconf(&req.config, &req.policy)?;
+        if let StoreConfig::Pools(pools) = &cfg.store {
+            return add_from_pools(req, &cfg, pools);
+        }
         cfg.check_ranges_allowed(&req.policy, req.pod_namespace())?;
         let requested = requested(req)?;
         let ranges = without_node_addresses(&cfg, &requested)?;

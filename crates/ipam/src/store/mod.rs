@@ -37,7 +37,7 @@ impl<'a> Context<'a> {
 
 /// A refusal of the policy as the store's error: code 7 stays a refusal (DEL finds nothing held
 /// there), code 11 a retry.
-fn refusal(e: plexus_cni::Error) -> IpamError {
+pub(crate) fn refusal(e: plexus_cni::Error) -> IpamError {
     let text = if e.details.is_empty() { e.msg.clone() } else { format!("{} ({})", e.msg, e.details) };
     match e.code {
         plexus_cni::code::INVALID_NETWORK_CONFIG => IpamError::Refused(text),
@@ -58,7 +58,7 @@ fn data_dir(data_dir: &Path, key: Option<&str>, cx: &Context<'_>, create: bool) 
 }
 
 /// The store a network's configuration names (the plugin and plexusctl open it alike).
-pub fn open(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamError> {
+pub fn open<'a>(cfg: &IpamConfig, cx: &Context<'a>) -> Result<Box<dyn Store + 'a>, IpamError> {
     match &cfg.store {
         StoreConfig::File { data_dir: dir, key } => {
             let data = data_dir(dir, key.as_deref(), cx, true)?.expect("created");
@@ -70,7 +70,7 @@ pub fn open(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamEr
 
 /// The store to release from: `None` when a file store was never created (nothing is held; a
 /// read-only or missing data directory is then no error).
-pub fn open_for_release(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Option<Box<dyn Store>>, IpamError> {
+pub fn open_for_release<'a>(cfg: &IpamConfig, cx: &Context<'a>) -> Result<Option<Box<dyn Store + 'a>>, IpamError> {
     match &cfg.store {
         StoreConfig::File { data_dir: dir, key } => Ok(match data_dir(dir, key.as_deref(), cx, false)? {
             Some(data) => Some(Box::new(file::FileStore::open(data, &cfg.domain, cx.deadline)?)),
@@ -82,9 +82,11 @@ pub fn open_for_release(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Option<Box
 
 /// A store on a server: etcd's or the API server's. Each is a feature of this crate (both on by
 /// default; the fuzz targets build without them, they parse what the stores read back).
-fn connect(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamError> {
+fn connect<'a>(cfg: &IpamConfig, cx: &Context<'a>) -> Result<Box<dyn Store + 'a>, IpamError> {
     let _ = cx;
     match &cfg.store {
+        #[cfg(feature = "kubernetes")]
+        StoreConfig::Pools(p) => Ok(Box::new(crate::pools::store::PoolStore::open(p, &cfg.node, &cfg.network, *cx))),
         #[cfg(feature = "etcd")]
         StoreConfig::Etcd(etcd) => Ok(Box::new(etcd::EtcdStore::connect(etcd, &cfg.domain, cx.deadline)?)),
         #[cfg(feature = "kubernetes")]
@@ -97,6 +99,7 @@ fn connect(cfg: &IpamConfig, cx: &Context<'_>) -> Result<Box<dyn Store>, IpamErr
                 StoreConfig::File { .. } => "file",
                 StoreConfig::Etcd(_) => "etcd",
                 StoreConfig::Kubernetes(_) => "kubernetes",
+                StoreConfig::Pools(_) => "pool (poolName)",
             }
         ))),
     }
