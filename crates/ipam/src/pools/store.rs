@@ -55,8 +55,8 @@ const TURNS: u8 = 16;
 type CacheKey = (PathBuf, String, String);
 
 fn cache() -> &'static Mutex<HashMap<CacheKey, (Instant, IpPool)>> {
-    static CACHE: std::sync::OnceLock<Mutex<HashMap<CacheKey, (Instant, IpPool)>>> = std::sync::OnceLock::new();
-    CACHE.get_or_init(Default::default)
+    static POOL_COPIES: std::sync::OnceLock<Mutex<HashMap<CacheKey, (Instant, IpPool)>>> = std::sync::OnceLock::new();
+    POOL_COPIES.get_or_init(Default::default)
 }
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
