@@ -86,11 +86,15 @@ spec:
         None,
     );
     assert!(ok, "{out}");
+    // A second Node (no kubelet behind it): the pool selects it too.
+    c.apply("apiVersion: v1\nkind: Node\nmetadata: {name: pool-peer, labels: {rack: a}}\n");
     let conf = json!({"cniVersion": "1.0.0", "name": "rail0",
         "ipam": {"type": "plexus-ipam", "poolName": "rail-blocks", "nodeName": node}});
 
-    // Block .1-.8 gives .2 .5 .6 .7 (.1 the gateway, .3-.4 excluded, .8 index 7 of every block);
-    // the other node's .9-.16 is passed; .17-.24 gives .17 .18 .19 first (.20 excluded).
+    // The node's first claim gives it .1-.8 and pool-peer, which had none, .17-.24 (the other
+    // node's .9-.16 passed): one write. Block .1-.8 gives .2 .5 .6 .7 (.1 the gateway, .3-.4
+    // excluded, .8 index 7 of every block); when it is full the node claims .25-.32 for itself
+    // alone and gives .25 .26 .27 from it.
     let mut got = BTreeSet::new();
     for i in 0..7 {
         let (ok, r) = run(&c, "ADD", &format!("c{i}"), &conf);
@@ -102,10 +106,11 @@ spec:
         );
         got.insert(address(&r));
     }
-    let want: BTreeSet<String> = [2, 5, 6, 7, 17, 18, 19].iter().map(|o| format!("198.18.200.{o}/24")).collect();
-    assert_eq!(got, want, "no excluded address, no gateway, nothing of the other node's block");
-    // Seven ADDs, two writes: one per block.
-    assert_eq!(blocks_of(&c, "rail-blocks", &node), ["198.18.200.1-198.18.200.8", "198.18.200.17-198.18.200.24"]);
+    let want: BTreeSet<String> = [2, 5, 6, 7, 25, 26, 27].iter().map(|o| format!("198.18.200.{o}/24")).collect();
+    assert_eq!(got, want, "no excluded address, no gateway, nothing of the other nodes' blocks");
+    // Seven ADDs, two writes: one per block of this node's.
+    assert_eq!(blocks_of(&c, "rail-blocks", &node), ["198.18.200.1-198.18.200.8", "198.18.200.25-198.18.200.32"]);
+    assert_eq!(blocks_of(&c, "rail-blocks", "pool-peer"), ["198.18.200.17-198.18.200.24"]);
     assert_eq!(blocks_of(&c, "rail-blocks", "other-node"), ["198.18.200.9-198.18.200.16"], "left as it was");
     // An ADD again is answered with the address held.
     let (ok, again) = run(&c, "ADD", "c0", &conf);
@@ -119,7 +124,7 @@ spec:
     assert!(!ok && r["code"] == 7, "{r}");
     let msg = r["msg"].as_str().unwrap();
     assert!(msg.contains("network rail1") && msg.contains(&format!("does not select node {node}")), "{msg}");
-    assert!(blocks_of(&c, "rack-b", &node).is_empty());
+    assert!(pool(&c, "rack-b")["status"]["allocations"].is_null(), "no block claimed for any node");
     assert!(!block_dirs(&c).iter().any(|d| d.starts_with("rack-b@")), "{:?}", block_dirs(&c));
     // A pool that does not exist: code 7 naming it.
     let none =
@@ -142,6 +147,8 @@ spec:
     }
     assert_eq!(block_dirs(&c), Vec::<String>::new(), "no block's files left");
     std::fs::write(&policy_path, saved).unwrap();
+    let (ok, out) = c.kubectl(&["delete", "node", "pool-peer"], None);
+    assert!(ok, "{out}");
 
     concurrent_adds_on_one_node_share_its_blocks_and_never_give_an_address_twice(&c, &node);
 }

@@ -69,6 +69,11 @@ impl ApiPath {
         Ok(p)
     }
 
+    /// The cluster-scoped collection `{prefix}/{resource}` (`/api/v1`, `nodes`).
+    pub fn cluster_collection(prefix: &'static str, resource: &'static str) -> ApiPath {
+        ApiPath(format!("{prefix}/{resource}"))
+    }
+
     /// The cluster-scoped object `name` of `{prefix}/{resource}` (`/api/v1`, `nodes`).
     pub fn cluster_object(
         prefix: &'static str,

@@ -241,6 +241,31 @@ impl IpPool {
         None
     }
 
+    /// The blocks one claim writes when `asking` has no room left: with no block of the pool at
+    /// all, a block for it and for every other node of `selected` that has none (as nv-ipam's
+    /// controller gives every selected node one, so that the nodes' first ADDs find theirs
+    /// instead of each claiming, one after another, on the pool's resourceVersion); with blocks
+    /// that are full, one more for it alone. The asking node's comes first; the others', in
+    /// `selected`'s order, as long as free blocks last. `None` when no block is free for it.
+    pub fn plan_claim(&self, asking: &str, selected: &[String]) -> Option<Vec<Block>> {
+        let mut plan = self.clone();
+        let mut out = Vec::new();
+        let first_blocks = plan.blocks_of(asking).next().is_none();
+        let others = selected.iter().filter(|n| n.as_str() != asking && first_blocks);
+        for node in std::iter::once(asking).chain(others.map(String::as_str)) {
+            if node != asking && plan.blocks_of(node).next().is_some() {
+                continue;
+            }
+            let Some((first, last)) = plan.next_free_block() else { break };
+            let block = Block { node: node.to_string(), first, last };
+            plan.taken.push((first, last));
+            plan.taken.sort_unstable();
+            plan.blocks.push(block.clone());
+            out.push(block);
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
     /// The address at `offset` of the subnet.
     pub fn addr(&self, offset: u128) -> IpAddr {
         subnet_addr(self.subnet, offset)
@@ -407,6 +432,30 @@ mod tests {
             err(json!({"subnet": "198.18.0.0/24", "perNodeBlockSize": 4, "defaultGateway": true}))
                 .contains("spec.gateway (none)")
         );
+    }
+
+    #[test]
+    fn a_nodes_first_claim_gives_every_selected_node_without_one_a_block_and_a_full_node_one_more() {
+        let p = pool(
+            json!({"subnet": "198.18.0.0/24", "perNodeBlockSize": 16}),
+            json!([{"nodeName": "b", "startIP": "198.18.0.1", "endIP": "198.18.0.16"}]),
+        );
+        let nodes: Vec<String> = ["a", "b", "c", "d"].iter().map(|n| n.to_string()).collect();
+        let plan = p.plan_claim("c", &nodes).unwrap();
+        let shown: Vec<(&str, u128, u128)> = plan.iter().map(|b| (b.node.as_str(), b.first, b.last)).collect();
+        assert_eq!(shown, [("c", 17, 32), ("a", 33, 48), ("d", 49, 64)], "b has one already");
+        // b's block is full: one more, for b alone.
+        let plan = p.plan_claim("b", &nodes).unwrap();
+        assert_eq!(plan, [Block { node: "b".into(), first: 17, last: 32 }]);
+        // Free blocks run out: the asking node's first, then as many others as fit.
+        let small = pool(json!({"subnet": "198.18.0.0/27", "perNodeBlockSize": 16}), json!([]));
+        let plan = small.plan_claim("d", &nodes).unwrap();
+        assert_eq!(plan.iter().map(|b| b.node.as_str()).collect::<Vec<_>>(), ["d"], ".17-.32 holds the broadcast");
+        let full = pool(
+            json!({"subnet": "198.18.0.0/27", "perNodeBlockSize": 16}),
+            json!([{"nodeName": "a", "startIP": "198.18.0.1", "endIP": "198.18.0.16"}]),
+        );
+        assert_eq!(full.plan_claim("d", &nodes), None);
     }
 
     #[test]

@@ -51,6 +51,11 @@ const POOL_CACHE_CAP: usize = 1024;
 const CLAIM_ATTEMPTS: usize = 64;
 /// The node's claim turns: pools share a fixed few lock files.
 const TURNS: u8 = 16;
+/// A claim lists the cluster's nodes (their metadata) this many at a time, at most
+/// `NODE_PAGES` times.
+const NODE_PAGE: usize = 1000;
+const NODE_PAGES: usize = 20;
+const ACCEPT_METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
 
 type CacheKey = (PathBuf, String, String);
 
@@ -125,21 +130,43 @@ impl<'a> PoolStore<'a> {
         cache.insert(key, (Instant::now(), pool.clone()));
     }
 
-    /// The node's labels, for a pool's node selector.
-    fn node_labels(&self, api: &ApiClient) -> Result<BTreeMap<String, String>, IpamError> {
-        let path = ApiPath::cluster_object("/api/v1", "nodes", "Node", &self.node)
-            .map_err(|e| IpamError::Config(format!("nodeName: {e}")))?;
-        match api.send(&format!("get node {}", self.node), Method::GET, &path, JSON, None).map_err(unavailable)? {
-            Reply::Ok(obj) => Ok(obj
-                .pointer("/metadata/labels")
-                .and_then(Value::as_object)
-                .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
-                .unwrap_or_default()),
-            Reply::NotFound => {
-                Err(unavailable(format!("node {} not found: no block can be claimed for it", self.node)))
+    /// The names of the nodes `pool` selects, sorted (one metadata-only list of the cluster's
+    /// nodes, a page of [`NODE_PAGE`] at a time, at most [`NODE_PAGES`] pages).
+    fn selected_nodes(&self, api: &ApiClient, pool: &IpPool) -> Result<Vec<String>, IpamError> {
+        let mut out = Vec::new();
+        let mut next: Option<String> = None;
+        for _ in 0..NODE_PAGES {
+            let mut path = ApiPath::cluster_collection("/api/v1", "nodes").query("limit", NODE_PAGE);
+            if let Some(token) = &next {
+                path = path.query("continue", token);
             }
-            Reply::Conflict(m) => Err(unavailable(m)),
+            let list = match api.send_accepting("list nodes", Method::GET, &path, JSON, ACCEPT_METADATA_LIST, None) {
+                Ok(Reply::Ok(list)) => list,
+                Ok(other) => return Err(unavailable(format!("list nodes: {other:?}"))),
+                Err(e) => return Err(unavailable(e)),
+            };
+            for item in list.get("items").and_then(Value::as_array).into_iter().flatten() {
+                let Some(name) = item.pointer("/metadata/name").and_then(Value::as_str) else { continue };
+                let labels: BTreeMap<String, String> = item
+                    .pointer("/metadata/labels")
+                    .and_then(Value::as_object)
+                    .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+                    .unwrap_or_default();
+                if selector::selects(pool.node_selector.as_ref(), name, &labels) {
+                    out.push(name.to_string());
+                }
+            }
+            next = list
+                .pointer("/metadata/continue")
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string);
+            if next.is_none() {
+                out.sort();
+                return Ok(out);
+            }
         }
+        Err(unavailable(format!("list nodes: more than {} nodes", NODE_PAGE * NODE_PAGES)))
     }
 
     /// The file store of the block starting at `first` of `pool`.
@@ -286,26 +313,30 @@ impl<'a> PoolStore<'a> {
         Err(unavailable(format!("pool {}: no block claimed after {CLAIM_ATTEMPTS} attempts", pool.name)))
     }
 
-    /// Claim the pool's next free block for this node: the pool as it is after the claim (the
-    /// claim landed, or another writer's did first and the pool is read again).
+    /// Claim the pool's next free block for this node — and, when it has none of the pool yet,
+    /// one for every node the pool selects that has none ([`IpPool::plan_claim`]): the pool as it
+    /// is after the claim (the claim landed, or another writer's did first and the pool is read
+    /// again). Every block is appended under one `test` of the resourceVersion planned on.
     fn claim(&self, api: &ApiClient, pool: IpPool) -> Result<IpPool, IpamError> {
-        if !selector::selects(pool.node_selector.as_ref(), &self.node, &self.node_labels(api)?) {
+        let selected = self.selected_nodes(api, &pool)?;
+        if selected.binary_search(&self.node).is_err() {
             return Err(IpamError::Refused(format!(
                 "network {}: pool {} does not select node {} (spec.nodeSelector): no block of it for this node",
                 self.network, pool.name, self.node
             )));
         }
-        let Some((first, last)) = pool.next_free_block() else {
+        let Some(blocks) = pool.plan_claim(&self.node, &selected) else {
             return Err(IpamError::Exhausted {
                 range: format!("{} (pool {}: no free block for node {})", pool.subnet, pool.name, self.node),
             });
         };
-        let entry = allocation_entry(&pool, &self.node, first, last);
+        let entries: Vec<Value> = blocks.iter().map(|b| allocation_entry(&pool, &b.node, b.first, b.last)).collect();
         let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": pool.resource_version})];
-        ops.push(match pool.has_allocations {
-            true => json!({"op": "add", "path": "/status/allocations/-", "value": entry}),
-            false => json!({"op": "add", "path": "/status", "value": {"allocations": [entry]}}),
-        });
+        match pool.has_allocations {
+            true => ops
+                .extend(entries.into_iter().map(|e| json!({"op": "add", "path": "/status/allocations/-", "value": e}))),
+            false => ops.push(json!({"op": "add", "path": "/status", "value": {"allocations": entries}})),
+        }
         let path = self.pool_path(&pool.name)?.subresource("status");
         let what = format!("claim a block of ippool {}/{}", self.cfg.namespace, pool.name);
         let obj = match api
@@ -313,7 +344,9 @@ impl<'a> PoolStore<'a> {
             .map_err(unavailable)?
         {
             Reply::Ok(obj) => {
-                tracing::info!(pool = %pool.name, node = %self.node, first = %pool.addr(first), last = %pool.addr(last), "block claimed");
+                let mine = &blocks[0];
+                tracing::info!(pool = %pool.name, node = %self.node, first = %pool.addr(mine.first),
+                    last = %pool.addr(mine.last), others = blocks.len() - 1, "block claimed");
                 obj
             }
             // Another claim landed first (the resourceVersion moved): read it and plan again.
