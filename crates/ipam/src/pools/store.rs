@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::Method;
@@ -58,10 +58,23 @@ const NODE_PAGES: usize = 20;
 const ACCEPT_METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
 
 type CacheKey = (PathBuf, String, String);
+/// One pool's copy: the read and when it was made; its lock is held while the pool is read, so a
+/// process's concurrent ADDs read a pool once, not once each.
+type PoolCopy = Arc<Mutex<Option<(Instant, IpPool)>>>;
 
-fn cache() -> &'static Mutex<HashMap<CacheKey, (Instant, IpPool)>> {
-    static POOL_COPIES: std::sync::OnceLock<Mutex<HashMap<CacheKey, (Instant, IpPool)>>> = std::sync::OnceLock::new();
+fn copies() -> &'static Mutex<HashMap<CacheKey, PoolCopy>> {
+    static POOL_COPIES: std::sync::OnceLock<Mutex<HashMap<CacheKey, PoolCopy>>> = std::sync::OnceLock::new();
     POOL_COPIES.get_or_init(Default::default)
+}
+
+/// The copy of pool `key` (made empty when there is none: the map is capped at
+/// [`POOL_CACHE_CAP`], and emptied when full).
+fn copy_of(key: &CacheKey) -> PoolCopy {
+    let mut all = copies().lock().expect("pool copies");
+    if all.len() >= POOL_CACHE_CAP && !all.contains_key(key) {
+        all.clear();
+    }
+    all.entry(key.clone()).or_default().clone()
 }
 
 fn unavailable(e: impl std::fmt::Display) -> IpamError {
@@ -97,17 +110,39 @@ impl<'a> PoolStore<'a> {
             .map_err(|e| IpamError::Refused(e.to_string()))
     }
 
-    /// Pool `name`: the process's copy while it is fresh, unless `latest`; then etcd's.
+    /// Pool `name`: the process's copy while it is fresh, else the API server's watch cache's
+    /// (a moment old at most: a block of this node's that it does not show yet only sends the
+    /// ADD to claim, which reads etcd's); with `latest`, etcd's. One read at a time per pool in
+    /// the process: the others wait for it (until their deadline) and take its copy.
     fn pool(&self, api: &ApiClient, name: &str, latest: bool) -> Result<IpPool, IpamError> {
         let key = (self.cfg.kubeconfig.clone(), self.cfg.namespace.clone(), name.to_string());
+        let copy = copy_of(&key);
+        let mut pause = Duration::from_millis(1);
+        let mut held = loop {
+            match copy.try_lock() {
+                Ok(held) => break held,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if !self.cx.deadline.passed() => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(16));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(unavailable(format!("pool {name}: not read by this request's deadline")));
+                }
+            }
+        };
         if !latest
-            && let Some((at, pool)) = cache().lock().expect("pool cache").get(&key)
+            && let Some((at, pool)) = held.as_ref()
             && at.elapsed() < POOL_TTL
         {
             return Ok(pool.clone());
         }
+        let mut path = self.pool_path(name)?;
+        if !latest {
+            path = path.query("resourceVersion", 0);
+        }
         let what = format!("get ippool {}/{name}", self.cfg.namespace);
-        let obj = match api.send(&what, Method::GET, &self.pool_path(name)?, JSON, None).map_err(unavailable)? {
+        let obj = match api.send(&what, Method::GET, &path, JSON, None).map_err(unavailable)? {
             Reply::Ok(obj) => obj,
             Reply::NotFound => {
                 return Err(IpamError::Config(format!(
@@ -118,16 +153,16 @@ impl<'a> PoolStore<'a> {
             Reply::Conflict(m) => return Err(unavailable(m)),
         };
         let pool = IpPool::from_object(&obj)?;
-        self.remember(key, &pool);
+        *held = Some((Instant::now(), pool.clone()));
         Ok(pool)
     }
 
-    fn remember(&self, key: CacheKey, pool: &IpPool) {
-        let mut cache = cache().lock().expect("pool cache");
-        if cache.len() >= POOL_CACHE_CAP && !cache.contains_key(&key) {
-            cache.clear();
-        }
-        cache.insert(key, (Instant::now(), pool.clone()));
+    /// Keep `pool` (as a claim's write answered it) as the process's copy.
+    fn remember(&self, pool: &IpPool) {
+        let key = (self.cfg.kubeconfig.clone(), self.cfg.namespace.clone(), pool.name.clone());
+        let copy = copy_of(&key);
+        let mut held = copy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *held = Some((Instant::now(), pool.clone()));
     }
 
     /// The names of the nodes `pool` selects, sorted (one metadata-only list of the cluster's
@@ -354,7 +389,7 @@ impl<'a> PoolStore<'a> {
             Reply::NotFound => return Err(IpamError::Config(format!("poolName {:?}: the IPPool is gone", pool.name))),
         };
         let pool = IpPool::from_object(&obj)?;
-        self.remember((self.cfg.kubeconfig.clone(), self.cfg.namespace.clone(), pool.name.clone()), &pool);
+        self.remember(&pool);
         Ok(pool)
     }
 
