@@ -39,6 +39,9 @@ pub const ACCEPT_OBJECT: &str = "application/json";
 /// Only the object's metadata (`PartialObjectMetadata`): the server encodes and sends a fraction
 /// of a large object; JSON itself where a server cannot.
 pub const ACCEPT_METADATA: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json";
+/// A list answered with its objects' metadata only (`PartialObjectMetadataList`).
+pub const ACCEPT_METADATA_LIST: &str =
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
 
 /// The pod as the meta-plugin needs it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 use plexus_cni::{CniResult, IpConfig};
-use plexus_k8s::api::{ApiClient, Reply};
+use plexus_k8s::api::{ACCEPT_METADATA_LIST, ApiClient, Reply};
 use plexus_k8s::names::ApiPath;
 use plexus_node::datadir::DataDir;
 use serde_json::{Value, json};
@@ -55,7 +55,6 @@ const TURNS: u8 = 16;
 /// `NODE_PAGES` times.
 const NODE_PAGE: usize = 1000;
 const NODE_PAGES: usize = 20;
-const ACCEPT_METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
 
 type CacheKey = (PathBuf, String, String);
 /// One pool's copy: the read and when it was made; its lock is held while the pool is read, so a
@@ -115,8 +114,7 @@ impl<'a> PoolStore<'a> {
     /// ADD to claim, which reads etcd's); with `latest`, etcd's. One read at a time per pool in
     /// the process: the others wait for it (until their deadline) and take its copy.
     fn pool(&self, api: &ApiClient, name: &str, latest: bool) -> Result<IpPool, IpamError> {
-        let key = (self.cfg.kubeconfig.clone(), self.cfg.namespace.clone(), name.to_string());
-        let copy = copy_of(&key);
+        let copy = copy_of(&self.copy_key(name));
         let mut pause = Duration::from_millis(1);
         let mut held = loop {
             match copy.try_lock() {
@@ -157,10 +155,14 @@ impl<'a> PoolStore<'a> {
         Ok(pool)
     }
 
+    /// Whose copy of pool `name` this store's requests share: one API server's, one namespace's.
+    fn copy_key(&self, name: &str) -> CacheKey {
+        (self.cfg.kubeconfig.clone(), self.cfg.namespace.clone(), name.to_string())
+    }
+
     /// Keep `pool` (as a claim's write answered it) as the process's copy.
     fn remember(&self, pool: &IpPool) {
-        let key = (self.cfg.kubeconfig.clone(), self.cfg.namespace.clone(), pool.name.clone());
-        let copy = copy_of(&key);
+        let copy = copy_of(&self.copy_key(&pool.name));
         let mut held = copy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         *held = Some((Instant::now(), pool.clone()));
     }

@@ -28,8 +28,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// For a whole ADD or DEL: conflicts, and calls that failed or timed out, are retried until then.
 const DEADLINE: Duration = Duration::from_secs(30);
 const JSON_PATCH: &str = "application/json-patch+json";
-/// A list answered with the objects' metadata only (the pool cap counts names).
-const ACCEPT_METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json";
 const JSON: &str = "application/json";
 /// How often an ADD waiting in the spool looks for its answer or a free turn: at first, and at
 /// most (it backs off while the turn stays taken). Every waiter of every pool on the node polls,

@@ -5,10 +5,10 @@
 use std::net::IpAddr;
 
 use http::Method;
-use plexus_k8s::api::{ACCEPT_METADATA, Reply};
+use plexus_k8s::api::{ACCEPT_METADATA, ACCEPT_METADATA_LIST, Reply};
 use serde_json::{Value, json};
 
-use super::{ACCEPT_METADATA_LIST, JSON, JSON_PATCH, KubernetesStore, Read, unavailable};
+use super::{JSON, JSON_PATCH, KubernetesStore, Read, unavailable};
 use crate::error::IpamError;
 use crate::range::IpRange;
 use crate::store::kubernetes::batch::removal;
